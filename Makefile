@@ -1,0 +1,48 @@
+# The two commands an operator needs: `make demo` and `make test`.
+# Both do their own set-up on a fresh Debian 12 machine (apt packages, virtualenv).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo bench lint typecheck unit system-packages venv cluster-up cluster-down clean
+
+system-packages:
+	deploy/install-system-packages
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,postgres]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: system-packages venv lint typecheck
+	$(BIN)/pytest
+
+unit: venv
+	$(BIN)/pytest -m 'not cluster and not postgres'
+
+demo: system-packages venv
+	$(BIN)/python -m deploy.demo
+
+bench: system-packages venv
+	$(BIN)/python -m tests.bench
+
+cluster-up: system-packages
+	deploy/devcluster/up
+
+cluster-down:
+	deploy/devcluster/down
+
+clean: cluster-down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,182 @@
+"""Typed evidence shared by the parsers, the node probe, the diagnosis and the record.
+
+These are the contract between the parts: parsers produce them, `diagnosis.diagnose`
+consumes them, the store serialises them. Every memory figure is in exact bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from daemon.slurm.records import SlurmJob
+
+
+class OomFamily(StrEnum):
+    """Which software reported running out of memory."""
+
+    TORCH_ALLOCATOR = "torch_allocator"  # torch.[cuda.]OutOfMemoryError, any version's wording
+    CUDA_RUNTIME = "cuda_runtime"  # "CUDA error: out of memory"
+    CUBLAS = "cublas"  # CUBLAS_STATUS_ALLOC_FAILED
+    CUDNN = "cudnn"  # CUDNN_STATUS_ALLOC_FAILED / NOT_ENOUGH_WORKSPACE
+    NCCL = "nccl"  # NCCL "Cuda failure 'out of memory'"
+    XLA = "xla"  # JAX/XLA RESOURCE_EXHAUSTED
+    HOST_RAM = "host_ram"  # kernel / cgroup / slurmstepd OOM kill, bare "Killed", exit 137
+
+
+class Phase(StrEnum):
+    """Where in the training loop the failure happened, read from the traceback frames."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+    EVAL = "eval"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    DATA_LOADING = "data_loading"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class OtherProcess:
+    """A `Process N has X memory in use` line of the OOM message."""
+
+    pid: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """One out-of-memory message with every number it printed; None where it printed none."""
+
+    family: OomFamily
+    message: str
+    requested_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    process_in_use_bytes: int | None = None
+    private_pool_bytes: int | None = None
+    gpu_index: int | None = None
+    other_processes: tuple[OtherProcess, ...] = ()
+    alloc_conf: str | None = None  # PYTORCH_[CUDA_]ALLOC_CONF value, if the message named one
+    suggests_max_split: bool = False  # the message carried the max_split_size_mb hint
+
+
+@dataclass(frozen=True)
+class LogFindings:
+    """What the job's log says about the failure: who failed first, where, when, and how."""
+
+    rank: int | None = None
+    node: str | None = None
+    step: int | None = None
+    max_step_seen: int | None = None
+    phase: Phase = Phase.UNKNOWN
+    frames: tuple[str, ...] = ()  # function names on the failing stack, innermost last
+    heavy_kernels: tuple[str, ...] = ()  # attention / cuBLAS / cuDNN / MoE frames seen
+    oom: OomReport | None = None
+    root_failure_line: str | None = None
+    cascade_ranks: tuple[int, ...] = ()  # ranks that died of the root failure (NCCL timeouts...)
+    exit_code: int | None = None
+    killed_by_signal: int | None = None
+    notes: tuple[str, ...] = ()  # what the scan could not read, and why
+
+
+class ProbeVerdict(StrEnum):
+    """The node's health as the probe saw it."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAULTY = "faulty"
+    UNREACHABLE = "unreachable"
+
+
+class XidPolicy(StrEnum):
+    """What an XID code means for the node (drain it, blame the job, or nothing)."""
+
+    HARDWARE = "hardware"
+    APPLICATION = "application"
+    DRIVER = "driver"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One `NVRM: Xid` kernel line, with its catalog entry."""
+
+    code: int
+    pci_bus_id: str | None
+    pid: int | None
+    process_name: str | None
+    time: datetime | None
+    text: str
+    policy: XidPolicy
+    meaning: str
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    """A process holding memory on a GPU (`nvidia-smi --query-compute-apps`)."""
+
+    gpu_uuid: str
+    pid: int | None
+    process_name: str | None  # None where nvidia-smi cannot name it (a zombie, another namespace)
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's memory health: row remaps, ECC counts, retired pages, and who uses it."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure_occurred: bool | None = None
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_aggregate_uncorrectable: int | None = None
+    ecc_volatile_correctable: int | None = None
+    ecc_aggregate_correctable: int | None = None
+    retired_pages_pending: bool | None = None
+    compute_apps: tuple[ComputeApp, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostOomKill:
+    """A host OOM-killer line from the kernel log (global or memory cgroup)."""
+
+    time: datetime | None
+    pid: int | None
+    process_name: str | None
+    cgroup: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """One node's state as the probe over SSH found it, with a verdict and its reasons."""
+
+    node: str
+    probed_at: datetime
+    verdict: ProbeVerdict
+    reasons: tuple[str, ...]
+    gpus: tuple[GpuHealth, ...] = ()
+    xid_events: tuple[XidEvent, ...] = ()
+    host_oom_kills: tuple[HostOomKill, ...] = ()
+    error: str | None = None  # why it is unreachable or unreadable
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything gathered about one failed job; any part may be missing."""
+
+    log: LogFindings = field(default_factory=LogFindings)
+    job: SlurmJob | None = None
+    probe: NodeProbe | None = None
+    job_gpu_uuids: tuple[str, ...] = ()  # the GPUs the failing rank's job held, when known

@@ -1,0 +1,1 @@
+"""Slurm access: typed records, command builders and parsers, and the backend that joins them."""

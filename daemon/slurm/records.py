@@ -1,0 +1,150 @@
+"""Typed records of what Slurm says about jobs and nodes, independent of release and backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+MEDIC_REASON_PREFIX = "medic:"
+
+
+class JobState(StrEnum):
+    """A job's base state as Slurm names it; `UNKNOWN` stands for a state newer than this code."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    RESIZING = "RESIZING"
+    REVOKED = "REVOKED"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    UNKNOWN = "UNKNOWN"
+
+    def is_terminal(self) -> bool:
+        """True once the job can no longer run (an unknown state is not assumed to be final)."""
+        return self not in _ACTIVE_STATES and self is not JobState.UNKNOWN
+
+    @classmethod
+    def parse(cls, text: str) -> JobState:
+        """`CANCELLED by 0` and `FAILED+` style spellings map to their base state."""
+        base = text.strip().split(" ", 1)[0].rstrip("+").upper()
+        try:
+            return cls(base)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+_ACTIVE_STATES = frozenset(
+    {
+        JobState.PENDING,
+        JobState.RUNNING,
+        JobState.SUSPENDED,
+        JobState.COMPLETING,
+        JobState.REQUEUED,
+        JobState.RESIZING,
+    }
+)
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    """One step of a job (batch, extern, or an srun), as accounting recorded it."""
+
+    step_id: str
+    name: str
+    state: JobState
+    state_raw: str
+    exit_code: int | None
+    exit_signal: int | None
+    nodes: tuple[str, ...]
+    start_time: datetime | None
+    end_time: datetime | None
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A job as slurm-medic sees it. Times are timezone-aware UTC; names and comments untrusted."""
+
+    job_id: int
+    name: str
+    user: str
+    uid: int | None
+    group: str | None
+    account: str | None
+    partition: str | None
+    state: JobState
+    state_raw: str
+    exit_code: int | None
+    exit_signal: int | None
+    derived_exit_code: int | None
+    derived_exit_signal: int | None
+    nodes: tuple[str, ...]
+    batch_host: str | None
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    stdout_path: str | None
+    stderr_path: str | None
+    work_dir: str | None
+    comment: str | None
+    restart_count: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+    steps: tuple[SlurmStep, ...] = field(default=())
+
+    @property
+    def display_id(self) -> str:
+        """The id a person types: `123_4` for an array task, `123+1` for a het component."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        if self.het_job_id is not None and self.het_job_offset is not None:
+            return f"{self.het_job_id}+{self.het_job_offset}"
+        return str(self.job_id)
+
+
+class NodeBaseState(StrEnum):
+    """A node's base state; flags such as DRAIN live beside it in `SlurmNode.flags`."""
+
+    IDLE = "IDLE"
+    ALLOCATED = "ALLOCATED"
+    MIXED = "MIXED"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+    FUTURE = "FUTURE"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """A node's state, flags and reason, with who set the reason and when."""
+
+    name: str
+    address: str | None
+    state: NodeBaseState
+    flags: frozenset[str]
+    reason: str | None
+    reason_user: str | None
+    reason_time: datetime | None
+    gres: str | None = None
+
+    @property
+    def is_drained(self) -> bool:
+        return "DRAIN" in self.flags or "DRAINED" in self.flags or "DRAINING" in self.flags
+
+    @property
+    def drained_by_medic(self) -> bool:
+        """Only drains whose reason slurm-medic wrote may be cleared by it."""
+        return self.is_drained and (self.reason or "").startswith(MEDIC_REASON_PREFIX)
