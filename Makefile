@@ -33,10 +33,10 @@ unit: venv
 	$(BIN)/pytest -m 'not cluster and not postgres'
 
 demo: system-packages venv
-	$(BIN)/python -m deploy.demo
+	$(BIN)/python deploy/demo.py
 
 bench: system-packages venv
-	$(BIN)/python -m tests.bench
+	$(BIN)/python -m tests.bench $(BENCH)
 
 cluster-up: system-packages
 	deploy/devcluster/up

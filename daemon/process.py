@@ -33,7 +33,7 @@ class CommandResult:
 
 
 class CommandError(Exception):
-    """A command that could not run, failed, or timed out; carries everything needed to report it."""
+    """A command that could not start, failed, or timed out; carries what is needed to report it."""
 
     def __init__(
         self,
@@ -50,7 +50,9 @@ class CommandError(Exception):
         self.stderr = stderr
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         code = "" if returncode is None else f" (exit {returncode})"
-        super().__init__(f"{message}{code}: {' '.join(self.argv)}" + (f": {detail}" if detail else ""))
+        super().__init__(
+            f"{message}{code}: {' '.join(self.argv)}" + (f": {detail}" if detail else "")
+        )
 
 
 class CommandTimeout(CommandError):

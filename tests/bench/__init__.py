@@ -1,0 +1,1 @@
+"""Benchmarks: they print figures for the README; they assert nothing about time."""
