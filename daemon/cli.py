@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from daemon import __version__
+from daemon.commands.db import db
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,3 +15,4 @@ def main() -> None:
 
 
 # Command registrations (one import and one add_command per area).
+main.add_command(db)

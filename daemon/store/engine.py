@@ -1,0 +1,75 @@
+"""The engine factory: the only place a database connection is configured, never at import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from daemon.store.settings import StoreSettings
+
+
+class StoreConfigError(ValueError):
+    """A database URL slurm-medic cannot use."""
+
+
+def normalise_url(url: str | URL) -> URL:
+    """Pin the drivers we test: pysqlite and psycopg 3 (a bare `postgresql://` means psycopg2)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise StoreConfigError("the record needs a SQLite file, not an in-memory database")
+        return parsed.set(drivername="sqlite+pysqlite")
+    raise StoreConfigError(f"unsupported database {parsed.get_backend_name()!r}")
+
+
+def make_engine(settings: StoreSettings) -> Engine:
+    """An engine for `settings.url`; SQLite gets WAL, a busy timeout and foreign keys on."""
+    url = normalise_url(settings.url)
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, settings)
+    return create_engine(
+        url,
+        echo=settings.echo,
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pool_timeout=settings.pool_timeout_s,
+        pool_pre_ping=True,
+    )
+
+
+def _sqlite_engine(url: URL, settings: StoreSettings) -> Engine:
+    engine = create_engine(
+        url,
+        echo=settings.echo,
+        connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000},
+    )
+    busy_timeout_ms = int(settings.sqlite_busy_timeout_ms)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # pysqlite's own implicit BEGIN breaks SAVEPOINT; SQLAlchemy emits BEGIN itself below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded rows readable after commit (the CLI prints them afterwards)."""
+    return sessionmaker(bind=engine, expire_on_commit=False)

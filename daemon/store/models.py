@@ -1,0 +1,347 @@
+"""The record's tables as SQLAlchemy 2.0 typed models; the migrations create exactly these."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    event,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
+
+from daemon.store.states import ProposalState
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out on both databases (SQLite would hand back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} refused: the record keeps UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+NUL_STAND_IN = "\u2400"
+
+
+class CommandText(TypeDecorator[str]):
+    """Text from outside (job output, scripts, names): PostgreSQL text cannot hold NUL.
+
+    A NUL is stored as U+2400 (the visible "symbol for null") so the rest is kept and the row
+    still saves; every other character, odd Unicode included, is stored as it came.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else value.replace("\x00", NUL_STAND_IN)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 (SQLAlchemy reads this class attribute)
+        datetime: UtcDateTime(),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
+
+
+class LineageStatus(StrEnum):
+    ACTIVE = "active"
+    VERIFIED = "verified"
+    EXHAUSTED = "exhausted"
+    ABANDONED = "abandoned"
+
+
+class ActionKind(StrEnum):
+    SBATCH = "sbatch"
+    SCANCEL = "scancel"
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+class ActionResult(StrEnum):
+    """`pending` is an intent not yet closed; `not_found` is one reconciliation closed empty."""
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    NOT_FOUND = "not_found"
+
+
+class NodeEventKind(StrEnum):
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+class ActorKind(StrEnum):
+    DAEMON = "daemon"
+    USER = "user"
+
+
+def _values_check(name: str, column: str, values: type[StrEnum]) -> CheckConstraint:
+    allowed = ", ".join(f"'{member.value}'" for member in values)
+    return CheckConstraint(f"{column} IN ({allowed})", name=name)
+
+
+class Lineage(Base):
+    """One training run across its relaunches."""
+
+    __tablename__ = "lineage"
+    __table_args__ = (
+        _values_check("status", "status", LineageStatus),
+        Index("ix_lineage_owner_created", "owner", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(CommandText)
+    owner: Mapped[str] = mapped_column(String(64))
+    template: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default=LineageStatus.ACTIVE.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now, onupdate=utc_now)
+
+
+class Job(Base):
+    """A Slurm job slurm-medic saw: the scalar fields it is searched by, and the whole record."""
+
+    __tablename__ = "job"
+    __table_args__ = (
+        Index("ix_job_user_end", "user_name", "end_time"),
+        Index("ix_job_lineage_attempt", "lineage_id", "attempt"),
+        Index("ix_job_end_time", "end_time"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slurm_job_id: Mapped[int] = mapped_column(BigInteger, unique=True)
+    lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(CommandText)
+    user_name: Mapped[str] = mapped_column(String(64))
+    uid: Mapped[int | None] = mapped_column(Integer)
+    account: Mapped[str | None] = mapped_column(String(64))
+    partition: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    nodes: Mapped[list[Any]] = mapped_column()
+    submit_time: Mapped[datetime | None] = mapped_column()
+    start_time: Mapped[datetime | None] = mapped_column()
+    end_time: Mapped[datetime | None] = mapped_column()
+    record: Mapped[dict[str, Any]] = mapped_column(deferred=True)
+    seen_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class Incident(Base):
+    """One failure analysed: evidence and diagnosis whole, plus the columns people filter on."""
+
+    __tablename__ = "incident"
+    __table_args__ = (
+        Index("ix_incident_kind_occurred", "kind", "occurred_at"),
+        Index("ix_incident_node_occurred", "node", "occurred_at"),
+        Index("ix_incident_user_occurred", "user_name", "occurred_at"),
+        Index("ix_incident_occurred_at", "occurred_at"),
+        Index("ix_incident_slurm_job_id", "slurm_job_id"),
+        Index("ix_incident_lineage_id", "lineage_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id"))
+    lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
+    slurm_job_id: Mapped[int] = mapped_column(BigInteger)
+    user_name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    confidence: Mapped[str] = mapped_column(String(16))
+    onset: Mapped[str | None] = mapped_column(String(16))
+    node: Mapped[str | None] = mapped_column(String(255))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    occurred_at: Mapped[datetime] = mapped_column()
+    recorded_at: Mapped[datetime] = mapped_column(default=utc_now)
+    evidence: Mapped[dict[str, Any]] = mapped_column(deferred=True)
+    diagnosis: Mapped[dict[str, Any]] = mapped_column(deferred=True)
+
+
+class Proposal(Base):
+    """A remediation proposed for an incident; its state moves only through `states.TRANSITIONS`."""
+
+    __tablename__ = "proposal"
+    __table_args__ = (
+        _values_check("state", "state", ProposalState),
+        Index("ix_proposal_state_created", "state", "created_at"),
+        Index("ix_proposal_lineage_id", "lineage_id"),
+        Index("ix_proposal_incident_id", "incident_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incident.id"))
+    lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
+    remediator: Mapped[str] = mapped_column(String(64))
+    patch: Mapped[dict[str, Any]] = mapped_column()
+    rationale: Mapped[str] = mapped_column(CommandText)
+    cost: Mapped[float] = mapped_column(Float)
+    changes_science: Mapped[bool] = mapped_column(Boolean)
+    state: Mapped[str] = mapped_column(String(16), default=ProposalState.PROPOSED.value)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now)
+    decided_by: Mapped[str | None] = mapped_column(String(64))
+    relaunch_job_id: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class TemplateRevision(Base):
+    """One rendered revision of a lineage's launch template, with where it came from."""
+
+    __tablename__ = "template_revision"
+    __table_args__ = (Index("ix_template_revision_lineage_id", "lineage_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    lineage_id: Mapped[int] = mapped_column(ForeignKey("lineage.id"))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("template_revision.id"))
+    proposal_id: Mapped[int | None] = mapped_column(ForeignKey("proposal.id"))
+    knobs: Mapped[dict[str, Any]] = mapped_column()
+    rendered_script: Mapped[str] = mapped_column(CommandText, deferred=True)
+    script_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class Action(Base):
+    """One side effect on the cluster; `token` makes a relaunch findable after a crash."""
+
+    __tablename__ = "action"
+    __table_args__ = (
+        _values_check("kind", "kind", ActionKind),
+        _values_check("result", "result", ActionResult),
+        Index("ix_action_proposal_id", "proposal_id"),
+        Index("ix_action_result_kind", "result", "kind"),
+        Index("ix_action_slurm_job_id", "slurm_job_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    proposal_id: Mapped[int | None] = mapped_column(ForeignKey("proposal.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    argv: Mapped[list[Any]] = mapped_column()
+    token: Mapped[str] = mapped_column(String(64), unique=True)
+    node: Mapped[str | None] = mapped_column(String(255))
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    started_at: Mapped[datetime] = mapped_column(default=utc_now)
+    finished_at: Mapped[datetime | None] = mapped_column()
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    stdout: Mapped[str | None] = mapped_column(CommandText, deferred=True)
+    stderr: Mapped[str | None] = mapped_column(CommandText, deferred=True)
+    result: Mapped[str] = mapped_column(String(16), default=ActionResult.PENDING.value)
+
+
+class NodeEvent(Base):
+    """A drain or resume slurm-medic did, or saw someone else do, and why."""
+
+    __tablename__ = "node_event"
+    __table_args__ = (
+        _values_check("kind", "kind", NodeEventKind),
+        Index("ix_node_event_node_id", "node", "id"),
+        Index("ix_node_event_occurred_at", "occurred_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))
+    by_medic: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(CommandText)
+    occurred_at: Mapped[datetime] = mapped_column(default=utc_now)
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incident.id"))
+    action_id: Mapped[int | None] = mapped_column(ForeignKey("action.id"))
+
+
+class AuditEvent(Base):
+    """Append-only: guarded in the ORM (see repository) and by triggers in the database."""
+
+    __tablename__ = "audit_event"
+    __table_args__ = (
+        _values_check("actor_kind", "actor_kind", ActorKind),
+        Index("ix_audit_event_subject", "subject_type", "subject_id", "id"),
+        Index("ix_audit_event_at", "at"),
+        Index("ix_audit_event_actor_name", "actor_name", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utc_now)
+    actor_kind: Mapped[str] = mapped_column(String(16))
+    actor_name: Mapped[str] = mapped_column(String(64))
+    actor_uid: Mapped[int | None] = mapped_column(Integer)
+    verb: Mapped[str] = mapped_column(String(64))
+    subject_type: Mapped[str] = mapped_column(String(32))
+    subject_id: Mapped[str] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column()
+
+
+class Cursor(Base):
+    """Where a watcher's last poll ended, by watcher name."""
+
+    __tablename__ = "cursor"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    polled_until: Mapped[datetime] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now, onupdate=utc_now)
+
+
+class AuditImmutable(Exception):
+    """Something tried to change or delete an audit event."""
+
+
+@event.listens_for(Session, "before_flush")
+def _refuse_audit_changes(session: Session, _context: object, _instances: object) -> None:
+    """Every Session, whoever made it: an audit event may be added, never changed or deleted."""
+    for instance in session.deleted:
+        if isinstance(instance, AuditEvent):
+            raise AuditImmutable(f"audit event {instance.id} cannot be deleted")
+    for instance in session.dirty:
+        if isinstance(instance, AuditEvent) and session.is_modified(instance):
+            raise AuditImmutable(f"audit event {instance.id} cannot be changed")
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _refuse_bulk_audit_changes(state: ORMExecuteState) -> None:
+    """`session.execute(update(AuditEvent))` skips the flush; stop it here."""
+    if not (state.is_update or state.is_delete):
+        return
+    if any(mapper.class_ is AuditEvent for mapper in state.all_mappers):
+        raise AuditImmutable("audit events cannot be updated or deleted")

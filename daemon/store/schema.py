@@ -1,0 +1,88 @@
+"""Schema versions: upgrade and downgrade through Alembic; the start-up check refusing old ones."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+UPGRADE_COMMAND = "slurm-medic db upgrade"
+
+
+class SchemaBehind(RuntimeError):
+    """The database is older (or newer) than this code; the daemon must not start on it."""
+
+
+def migrations_dir() -> Path:
+    """The installed `migrations` package, wherever pip put it."""
+    return Path(str(files("migrations")))
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    """An Alembic config built in code (no alembic.ini to ship or to find)."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option(
+        "file_template",
+        "%%(year)d_%%(month).2d_%%(day).2d_%%(hour).2d%%(minute).2d-%%(rev)s_%%(slug)s",
+    )
+    if engine is not None:
+        config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations found in {migrations_dir()}")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at; None for an empty database."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    _run_command(engine, "upgrade", revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    _run_command(engine, "downgrade", revision)
+
+
+def _run_command(engine: Engine, verb: str, revision: str) -> None:
+    config = alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        getattr(command, verb)(config, revision)
+
+
+def check_schema_current(engine: Engine) -> None:
+    """Raise `SchemaBehind` unless the database is at this code's head revision."""
+    head = head_revision()
+    current = current_revision(engine)
+    if current == head:
+        return
+    if current is None:
+        raise SchemaBehind(
+            f"the record at {engine.url.render_as_string(hide_password=True)} has no schema;"
+            f" run `{UPGRADE_COMMAND}`"
+        )
+    known = {
+        script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()
+    }
+    if current not in known:
+        raise SchemaBehind(
+            f"the record is at revision {current}, which this slurm-medic does not know"
+            f" (newer code wrote it); upgrade slurm-medic, or downgrade the database with it"
+        )
+    raise SchemaBehind(
+        f"the record is at revision {current}, behind this code's {head}; run `{UPGRADE_COMMAND}`"
+    )

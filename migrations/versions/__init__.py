@@ -1,0 +1,1 @@
+"""One module per schema revision, named by date so that a listing reads in order."""
