@@ -57,6 +57,15 @@ _ACTIVE_STATES = frozenset(
 )
 
 
+class PathSource(StrEnum):
+    """Where a job's stdout/stderr paths came from, so a reader knows how far to trust them."""
+
+    ACCOUNTING = "accounting"
+    ACCOUNTING_PATTERN = "accounting-pattern"
+    CONTROLLER = "controller"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class SlurmStep:
     """One step of a job (batch, extern, or an srun), as accounting recorded it."""
@@ -104,6 +113,9 @@ class SlurmJob:
     het_job_id: int | None = None
     het_job_offset: int | None = None
     steps: tuple[SlurmStep, ...] = field(default=())
+    std_paths_source: PathSource = PathSource.UNKNOWN
+    cluster: str | None = None
+    killed_by: str | None = None
 
     @property
     def display_id(self) -> str:

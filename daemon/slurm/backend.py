@@ -1,0 +1,398 @@
+"""The Slurm backend protocol and its CLI implementation (builders + the seam + parsers).
+
+`SlurmBackend` is what the daemon uses; `SlurmCli` is the backend tested against the real
+22.05 cluster. A pyslurm backend can sit behind the same protocol once a Slurm release that
+pyslurm builds against is available.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, tzinfo
+from typing import Protocol
+
+from daemon import process
+from daemon.process import CommandError, CommandResult, CommandTimeout
+from daemon.slurm.errors import (
+    JobNotFound,
+    NodeNotFound,
+    OperationRefused,
+    SlurmCommandError,
+    SlurmParseError,
+    SlurmUnavailable,
+    SubmissionError,
+)
+from daemon.slurm.records import (
+    MEDIC_REASON_PREFIX,
+    JobState,
+    PathSource,
+    SlurmJob,
+    SlurmNode,
+)
+from daemon.slurm.sacct import (
+    JsonDialect,
+    SacctReport,
+    fill_exit_codes,
+    parse_sacct_json,
+    parse_sacct_parsable,
+    sacct_job_argv,
+    sacct_window_argv,
+    validate_job_id,
+)
+from daemon.slurm.sbatch import SubmitRequest, parse_sbatch_parsable, sbatch_argv, scancel_argv
+from daemon.slurm.scontrol import (
+    drain_argv,
+    parse_show_job,
+    parse_show_nodes,
+    resume_argv,
+    show_job_argv,
+    show_node_argv,
+    validate_reason,
+)
+
+FINISHED_STATES: frozenset[JobState] = frozenset(
+    {
+        JobState.FAILED,
+        JobState.OUT_OF_MEMORY,
+        JobState.NODE_FAIL,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.COMPLETED,
+    }
+)
+
+# stderr lines that mean "slurmctld or slurmdbd did not answer", worth a retry.
+_UNAVAILABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Connection timed out|Problem talking to the database|Zero Bytes were transmitted|"
+    r"Communication connection failure|Unable to establish|Could not establish a configuration|"
+    r"slurmdbd: Connection|Transport endpoint is not connected",
+    re.IGNORECASE,
+)
+_NO_JSON = re.compile(r"unrecognized option '--json'|invalid option", re.IGNORECASE)
+_UNKNOWN_JOB = re.compile(r"Invalid job id specified", re.IGNORECASE)
+_UNKNOWN_NODE = re.compile(r"Node .* not found|Invalid node name", re.IGNORECASE)
+
+
+class CommandRunner(Protocol):
+    """The shape of `daemon.process.run`, so tests can wrap the real seam (count its calls)."""
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        check: bool = False,
+        input_text: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult: ...
+
+
+class SlurmBackend(Protocol):
+    """What slurm-medic asks of Slurm, whichever way it reaches it."""
+
+    def finished_jobs(
+        self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
+    ) -> tuple[SlurmJob, ...]: ...
+
+    def running_jobs(self, *, users: Iterable[str] = ()) -> tuple[SlurmJob, ...]: ...
+
+    def job(self, job_id: int | str) -> SlurmJob: ...
+
+    def submit(
+        self,
+        script: str,
+        *,
+        as_user: str,
+        comment: str | None = None,
+        exclude_nodes: Iterable[str] = (),
+        extra_args: Sequence[str] = (),
+        work_dir: str | None = None,
+    ) -> int: ...
+
+    def cancel(self, job_id: int | str, signal: str | None = None) -> None: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+    def node(self, name: str) -> SlurmNode: ...
+
+    def nodes(self) -> tuple[SlurmNode, ...]: ...
+
+
+class SlurmCli:
+    """The backend over Slurm's own commands; every call goes through the subprocess seam.
+
+    Reads are retried `attempts` times with exponential backoff when slurmctld/slurmdbd does
+    not answer, then `SlurmUnavailable`; the worst case is bounded by
+    `attempts * timeout_s + backoff_s * (2**(attempts-1) - 1)`. Submissions are never
+    retried: a lost answer may hide an accepted job.
+    """
+
+    def __init__(
+        self,
+        *,
+        runner: CommandRunner = process.run,
+        timeout_s: float = 30.0,
+        attempts: int = 3,
+        backoff_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        env: Mapping[str, str] | None = None,
+        euid: int | None = None,
+        local_tz: tzinfo | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self._runner = runner
+        self._timeout_s = timeout_s
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        self._sleep = sleep
+        self._env = dict(env) if env is not None else None
+        self._euid = os.geteuid() if euid is None else euid
+        self._local_tz = local_tz
+        self._clock = clock
+        self._json = True
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def finished_jobs(
+        self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
+    ) -> tuple[SlurmJob, ...]:
+        """Every job that ended in `states` inside the window: one sacct call, steps included."""
+        wanted = frozenset(states)
+        report = self._sacct(
+            lambda json_output: sacct_window_argv(
+                since=since,
+                until=until,
+                states=wanted,
+                json_output=json_output,
+                local_tz=self._local_tz,
+            )
+        )
+        return tuple(job for job in report.jobs if job.state in wanted)
+
+    def running_jobs(self, *, users: Iterable[str] = ()) -> tuple[SlurmJob, ...]:
+        """Jobs running now (optionally only these users'), from one sacct call."""
+        now = self._clock()
+        user_list = tuple(users)
+        report = self._sacct(
+            lambda json_output: sacct_window_argv(
+                since=now,
+                until=now,
+                states=(JobState.RUNNING,),
+                users=user_list,
+                json_output=json_output,
+                local_tz=self._local_tz,
+            )
+        )
+        return tuple(job for job in report.jobs if job.state is JobState.RUNNING)
+
+    def job(self, job_id: int | str) -> SlurmJob:
+        """One job from accounting, with std paths from slurmctld where accounting lacks them."""
+        text_id = validate_job_id(job_id)
+        report = self._sacct(lambda json_output: sacct_job_argv(text_id, json_output=json_output))
+        found = [job for job in report.jobs if text_id in {str(job.job_id), job.display_id}]
+        if not found:
+            raise JobNotFound(f"accounting has no job {text_id}")
+        job = found[0]
+        if report.dialect is JsonDialect.DBV0_0_38 and job.exit_code is None:
+            job = self._with_parsable_exit_codes(job, text_id)
+        if job.std_paths_source is not PathSource.UNKNOWN:
+            return job
+        return self._with_controller_paths(job)
+
+    def _with_parsable_exit_codes(self, job: SlurmJob, text_id: str) -> SlurmJob:
+        """22.05's JSON hides plain exit codes; its --parsable2 has them (one more call)."""
+        argv = sacct_job_argv(text_id, json_output=False)
+        report = parse_sacct_parsable(self._call(argv).stdout, local_tz=self._local_tz)
+        same = [other for other in report.jobs if other.job_id == job.job_id]
+        return fill_exit_codes(job, same[0]) if same else job
+
+    def _with_controller_paths(self, job: SlurmJob) -> SlurmJob:
+        """22.05 accounting does not store std paths; slurmctld has them until MinJobAge."""
+        try:
+            result = self._call(show_job_argv(str(job.job_id)))
+        except SlurmCommandError as error:
+            if _UNKNOWN_JOB.search(error.stderr):
+                return job
+            raise
+        known = parse_show_job(result.stdout)
+        return replace(
+            job,
+            stdout_path=known.stdout_path,
+            stderr_path=known.stderr_path,
+            batch_host=job.batch_host or known.batch_host,
+            restart_count=max(job.restart_count, known.restart_count),
+            std_paths_source=PathSource.CONTROLLER,
+        )
+
+    def submit(
+        self,
+        script: str,
+        *,
+        as_user: str,
+        comment: str | None = None,
+        exclude_nodes: Iterable[str] = (),
+        extra_args: Sequence[str] = (),
+        work_dir: str | None = None,
+    ) -> int:
+        """Submit `script` (via stdin) as `as_user`; the job id, or SubmissionError."""
+        uid, gid = self._identity_for(as_user)
+        try:
+            argv = sbatch_argv(
+                SubmitRequest(
+                    comment=comment,
+                    exclude_nodes=tuple(exclude_nodes),
+                    uid=uid,
+                    gid=gid,
+                    work_dir=work_dir,
+                    extra_args=tuple(extra_args),
+                )
+            )
+        except ValueError as error:
+            raise SubmissionError(
+                str(error), argv=["sbatch"], returncode=None, stderr=""
+            ) from error
+        try:
+            result = self._runner(argv, timeout=self._timeout_s, input_text=script, env=self._env)
+        except CommandTimeout as error:
+            raise SubmissionError(
+                "sbatch timed out; the job may exist",
+                argv=argv,
+                returncode=None,
+                stderr=error.stderr,
+                maybe_submitted=True,
+            ) from error
+        except CommandError as error:
+            raise SubmissionError(
+                "sbatch could not run", argv=argv, returncode=None, stderr=str(error)
+            ) from error
+        if not result.ok:
+            raise SubmissionError(
+                "sbatch refused the job",
+                argv=argv,
+                returncode=result.returncode,
+                stderr=result.stderr,
+            )
+        try:
+            job_id, _cluster = parse_sbatch_parsable(result.stdout)
+        except SlurmParseError as error:
+            raise SubmissionError(
+                f"sbatch answered without a job id ({error})",
+                argv=argv,
+                returncode=result.returncode,
+                stderr=result.stderr,
+                maybe_submitted=True,
+            ) from error
+        return job_id
+
+    def _identity_for(self, user: str) -> tuple[int | None, int | None]:
+        """As root: the owner's uid/gid for sbatch. Otherwise only the caller may be named."""
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError as error:
+            raise SubmissionError(
+                f"no such user {user!r}", argv=["sbatch"], returncode=None, stderr=""
+            ) from error
+        if self._euid == 0:
+            return entry.pw_uid, entry.pw_gid
+        if entry.pw_uid != self._euid:
+            raise SubmissionError(
+                f"cannot submit as {user!r} without root",
+                argv=["sbatch"],
+                returncode=None,
+                stderr="",
+            )
+        return None, None
+
+    def cancel(self, job_id: int | str, signal: str | None = None) -> None:
+        """Cancel the job, or with `signal` only send it (scancel's own meaning)."""
+        self._call(scancel_argv(job_id, signal))
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def node(self, name: str) -> SlurmNode:
+        try:
+            result = self._call(show_node_argv(name))
+        except SlurmCommandError as error:
+            if _UNKNOWN_NODE.search(error.stderr):
+                raise NodeNotFound(f"slurmctld does not know node {name!r}") from error
+            raise
+        found = parse_show_nodes(result.stdout, local_tz=self._local_tz)
+        if len(found) != 1 or found[0].name != name:
+            raise NodeNotFound(f"slurmctld does not know node {name!r}")
+        return found[0]
+
+    def nodes(self) -> tuple[SlurmNode, ...]:
+        return parse_show_nodes(self._call(show_node_argv()).stdout, local_tz=self._local_tz)
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain with a `medic:` reason; never overwrite a drain someone else set."""
+        validate_reason(reason)
+        current = self.node(node)
+        if current.is_drained and not (current.reason or "").startswith(MEDIC_REASON_PREFIX):
+            raise OperationRefused(
+                f"{node} is already drained by {current.reason_user or 'someone'}: "
+                f"{current.reason!r}; slurm-medic does not overwrite it"
+            )
+        self._call(drain_argv(node, reason))
+
+    def resume(self, node: str) -> None:
+        """Resume only a node whose current reason slurm-medic wrote."""
+        current = self.node(node)
+        if not (current.reason or "").startswith(MEDIC_REASON_PREFIX):
+            raise OperationRefused(
+                f"{node}'s reason {current.reason!r} was not set by slurm-medic; not resuming it"
+            )
+        self._call(resume_argv(node))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _sacct(self, build: Callable[[bool], list[str]]) -> SacctReport:
+        """`--json` where the release has it, else the `--parsable2` fallback (remembered)."""
+        if self._json:
+            try:
+                return parse_sacct_json(self._call(build(True)).stdout)
+            except SlurmCommandError as error:
+                if not _NO_JSON.search(error.stderr):
+                    raise
+                self._json = False
+        return parse_sacct_parsable(self._call(build(False)).stdout, local_tz=self._local_tz)
+
+    def _call(self, argv: list[str]) -> CommandResult:
+        """Run a read or an idempotent update, retrying while the controller does not answer."""
+        last_error = ""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                result = self._runner(argv, timeout=self._timeout_s, env=self._env)
+            except CommandTimeout:
+                last_error = f"no answer within {self._timeout_s:g}s"
+            except CommandError as error:
+                raise SlurmCommandError(
+                    "could not run", argv=argv, returncode=None, stderr=str(error)
+                ) from error
+            else:
+                if result.ok:
+                    return result
+                if not _UNAVAILABLE.search(result.stderr):
+                    raise SlurmCommandError(
+                        "Slurm command failed",
+                        argv=argv,
+                        returncode=result.returncode,
+                        stderr=result.stderr,
+                    )
+                last_error = result.stderr.strip().splitlines()[-1]
+            if attempt < self._attempts:
+                self._sleep(self._backoff_s * 2 ** (attempt - 1))
+        raise SlurmUnavailable(
+            "Slurm did not answer", argv=argv, attempts=self._attempts, last_error=last_error
+        )

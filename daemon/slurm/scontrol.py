@@ -1,0 +1,265 @@
+"""scontrol: argv builders for node updates and parsers of `show node -o` / `show job -o`.
+
+22.05 has no `scontrol --json`, so its one-line `Key=Value` text is parsed here; values may
+hold spaces (OS, Reason, WorkDir, JobName), so fields are cut only where a `Key=` follows
+whitespace. Newer releases' `scontrol --json show node` is read too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from daemon.slurm.errors import SlurmParseError
+from daemon.slurm.hostlist import expand_hostlist
+from daemon.slurm.records import MEDIC_REASON_PREFIX, NodeBaseState, SlurmNode
+
+_FIELD_START = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REASON_STAMP = re.compile(r"^(?P<text>.*?)\s*\[(?P<user>[^@\]]+)@(?P<time>[0-9T:-]+)\]\s*$", re.S)
+# Keys that may follow Reason= on a node line; anything else inside a reason is its text.
+_AFTER_REASON = ("Comment", "Extra", "InstanceId", "InstanceType", "ResumeAfterTime")
+_NODE_STATE_ALIASES = {"ALLOC": "ALLOCATED", "MIX": "MIXED", "DRAINED": "IDLE"}
+
+
+def validate_node_name(name: str) -> str:
+    """Node names reach argv; refuse anything that could read as an option or a list."""
+    if not _NODE_NAME.match(name):
+        raise ValueError(f"not a node name: {name!r}")
+    return name
+
+
+def validate_reason(reason: str) -> str:
+    """A drain reason slurm-medic sets: prefixed `medic:`, one printable line."""
+    if not reason.startswith(MEDIC_REASON_PREFIX):
+        raise ValueError(f"drain reasons set by slurm-medic start with {MEDIC_REASON_PREFIX!r}")
+    if any(not char.isprintable() for char in reason):
+        raise ValueError("a drain reason must be one printable line")
+    return reason
+
+
+def show_node_argv(name: str | None = None) -> list[str]:
+    argv = ["scontrol", "--oneliner", "show", "node"]
+    return [*argv, validate_node_name(name)] if name is not None else argv
+
+
+def show_job_argv(job_id: str) -> list[str]:
+    return ["scontrol", "--oneliner", "show", "job", job_id]
+
+
+def drain_argv(name: str, reason: str) -> list[str]:
+    """The reason is one argv element: scontrol takes it whole, no shell ever sees it."""
+    return [
+        "scontrol",
+        "update",
+        f"NodeName={validate_node_name(name)}",
+        "State=DRAIN",
+        f"Reason={validate_reason(reason)}",
+    ]
+
+
+def resume_argv(name: str) -> list[str]:
+    return ["scontrol", "update", f"NodeName={validate_node_name(name)}", "State=RESUME"]
+
+
+def split_fields(line: str) -> dict[str, str]:
+    """`Key=Value Key=Value with spaces` into a dict; a value runs until the next `Key=`."""
+    starts = list(_FIELD_START.finditer(line))
+    if not starts:
+        raise SlurmParseError("no Key=Value fields", source="scontrol", excerpt=line)
+    fields: dict[str, str] = {}
+    for index, match in enumerate(starts):
+        end = starts[index + 1].start() if index + 1 < len(starts) else len(line)
+        fields.setdefault(match.group(1), line[match.end() : end].rstrip())
+    return fields
+
+
+def parse_show_nodes(text: str, *, local_tz: tzinfo | None = None) -> tuple[SlurmNode, ...]:
+    """Every node of `scontrol --oneliner show node` (one line each, `NodeName=` first)."""
+    records = [chunk for chunk in re.split(r"(?m)^(?=NodeName=)", text) if chunk.strip()]
+    nodes = []
+    for record in records:
+        if not record.startswith("NodeName="):
+            raise SlurmParseError(
+                "record does not start with NodeName=", source="scontrol show node", excerpt=record
+            )
+        nodes.append(_node_from_fields(record.strip(), local_tz))
+    return tuple(nodes)
+
+
+def _node_from_fields(record: str, local_tz: tzinfo | None) -> SlurmNode:
+    fields = split_fields(record)
+    reason_text, reason_user, reason_time = _split_reason(_reason_value(record), local_tz)
+    base, flags = parse_node_state(fields.get("State", "UNKNOWN"))
+    return SlurmNode(
+        name=fields["NodeName"],
+        address=_none_if_null(fields.get("NodeAddr")),
+        state=base,
+        flags=flags,
+        reason=reason_text,
+        reason_user=reason_user,
+        reason_time=reason_time,
+        gres=_none_if_null(fields.get("Gres")),
+    )
+
+
+def _reason_value(record: str) -> str | None:
+    """Reason may hold `Key=`-like text: it runs to the end or to a key known to follow it."""
+    marker = re.search(r"(?:^|\s)Reason=", record)
+    if marker is None:
+        return None
+    rest = record[marker.end() :]
+    cut = re.search(r"\s(?:" + "|".join(_AFTER_REASON) + r")=", rest)
+    return (rest[: cut.start()] if cut else rest).rstrip()
+
+
+def _split_reason(
+    value: str | None, local_tz: tzinfo | None
+) -> tuple[str | None, str | None, datetime | None]:
+    if value is None or value in {"", "(null)", "none"}:
+        return None, None, None
+    stamp = _REASON_STAMP.match(value)
+    if stamp is None:
+        return value, None, None
+    return stamp.group("text"), stamp.group("user"), _local_time(stamp.group("time"), local_tz)
+
+
+def parse_node_state(text: str) -> tuple[NodeBaseState, frozenset[str]]:
+    """`IDLE+DRAIN`, `DOWN*+DRAIN`, `MIXED+DRAIN+NOT_RESPONDING`: base state and flags.
+
+    A trailing `*` (not responding) becomes the NOT_RESPONDING flag, as newer releases print it.
+    """
+    parts = [part for part in text.strip().upper().split("+") if part]
+    if not parts:
+        return NodeBaseState.UNKNOWN, frozenset()
+    flags = set(parts[1:])
+    base_text = parts[0]
+    if base_text.endswith("*"):
+        base_text = base_text.rstrip("*")
+        flags.add("NOT_RESPONDING")
+    if base_text in {"DRAINED", "DRAINING", "DRAIN"}:
+        flags.add("DRAIN")
+    base_text = _NODE_STATE_ALIASES.get(base_text, base_text)
+    try:
+        base = NodeBaseState(base_text)
+    except ValueError:
+        flags.add(base_text)
+        base = NodeBaseState.UNKNOWN
+    return base, frozenset(flags)
+
+
+def parse_nodes_json(text: str) -> tuple[SlurmNode, ...]:
+    """`scontrol --json show node` of 23.02 and later (state as a list of words)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SlurmParseError(
+            f"invalid JSON: {error.msg}", source="scontrol --json show node", excerpt=text[:200]
+        ) from error
+    raw_nodes = document.get("nodes") if isinstance(document, dict) else None
+    if not isinstance(raw_nodes, list):
+        raise SlurmParseError("no `nodes` list", source="scontrol --json show node")
+    return tuple(_node_from_json(raw) for raw in raw_nodes if isinstance(raw, dict))
+
+
+def _node_from_json(raw: Mapping[str, Any]) -> SlurmNode:
+    states = raw.get("state") or []
+    words = [str(word) for word in (states if isinstance(states, list) else [states])]
+    base, flags = parse_node_state("+".join(words) if words else "UNKNOWN")
+    changed = raw.get("reason_changed_at")
+    if isinstance(changed, dict):
+        changed = changed.get("number") if changed.get("set") else None
+    return SlurmNode(
+        name=str(raw["name"]),
+        address=_none_if_null(_text(raw.get("address"))),
+        state=base,
+        flags=flags,
+        reason=_text(raw.get("reason")),
+        reason_user=_text(raw.get("reason_set_by_user")),
+        reason_time=datetime.fromtimestamp(changed, tz=UTC)
+        if isinstance(changed, int) and changed
+        else None,
+        gres=_text(raw.get("gres")),
+    )
+
+
+@dataclass(frozen=True)
+class ControllerJob:
+    """What slurmctld still knows of a job that accounting of 22.05 does not store."""
+
+    job_id: int
+    name: str
+    user: str
+    state_raw: str
+    batch_host: str | None
+    nodes: tuple[str, ...]
+    work_dir: str | None
+    stdout_path: str | None
+    stderr_path: str | None
+    restart_count: int
+
+
+_JOB_NAME = re.compile(r"\sJobName=(?P<name>.*?)\sUserId=(?=\S+\(\d+\)\sGroupId=)", re.S)
+_USER = re.compile(r"\sUserId=(?P<user>[^\s(]+)\((?P<uid>\d+)\)\sGroupId=")
+
+
+def parse_show_job(text: str) -> ControllerJob:
+    """One job of `scontrol --oneliner show job ID` (the whole output is one record).
+
+    The job name is cut between `JobName=` and the `UserId=name(uid) GroupId=` that always
+    follows it, so a name holding `Key=` text or a newline still comes out whole.
+    """
+    record = text.strip("\n")
+    if not record.startswith("JobId="):
+        raise SlurmParseError(
+            "does not start with JobId=", source="scontrol show job", excerpt=record
+        )
+    name_match = _JOB_NAME.search(record)
+    user_match = _USER.search(record)
+    if name_match is None or user_match is None:
+        raise SlurmParseError(
+            "no JobName/UserId fields", source="scontrol show job", excerpt=record
+        )
+    tail = split_fields(record[user_match.start() :].lstrip())
+    head = split_fields(record[: name_match.start()])
+    try:
+        job_id = int(head["JobId"])
+    except (KeyError, ValueError) as error:
+        raise SlurmParseError(
+            "JobId is not a number", source="scontrol show job", excerpt=record
+        ) from error
+    return ControllerJob(
+        job_id=job_id,
+        name=name_match.group("name"),
+        user=user_match.group("user"),
+        state_raw=tail.get("JobState", "UNKNOWN"),
+        batch_host=_none_if_null(tail.get("BatchHost")),
+        nodes=expand_hostlist(_none_if_null(tail.get("NodeList"))),
+        work_dir=_none_if_null(tail.get("WorkDir")),
+        stdout_path=_none_if_null(tail.get("StdOut")),
+        stderr_path=_none_if_null(tail.get("StdErr")),
+        restart_count=int(tail.get("Restarts", "0") or 0),
+    )
+
+
+def _none_if_null(value: str | None) -> str | None:
+    if value is None or value in {"", "(null)", "N/A", "n/a"}:
+        return None
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _local_time(text: str, local_tz: tzinfo | None) -> datetime | None:
+    try:
+        naive = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    zone = local_tz or datetime.now().astimezone().tzinfo
+    return naive.replace(tzinfo=zone).astimezone(UTC)
