@@ -1,0 +1,293 @@
+"""Pure parsers for the three nvidia-smi outputs the node probe collects.
+
+- `nvidia-smi -q -d ROW_REMAPPER,ECC[,PAGE_RETIREMENT]`: one indented block per GPU. The
+  field names changed across drivers (470: "Single Bit"/"Double Bit" per memory; 510+:
+  SRAM/DRAM; 550+: "SRAM Uncorrectable Parity"/"SEC-DED"); all of them are read.
+- `--query-gpu=index,uuid,pci.bus_id,memory.total,memory.used --format=csv,noheader`
+- `--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader`
+
+"N/A", "[Not Supported]" and friends are normal values and read as None, never as errors.
+Anything else the parsers cannot read raises `NvidiaSmiParseError` naming the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+MAX_GPUS = 64
+_UNAVAILABLE = {
+    "n/a",
+    "[n/a]",
+    "[not supported]",
+    "not supported",
+    "[unknown error]",
+    "unknown error",
+    "[insufficient permissions]",
+    "[gpu requires reset]",
+    "[not found]",
+    "[no data]",
+    "none",
+    "",
+}
+_GPU_HEADER = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_MEMORY = re.compile(r"^(?P<n>\d+)\s*MiB$")
+
+
+class NvidiaSmiParseError(ValueError):
+    """nvidia-smi printed something that is not the format we know; the message shows it."""
+
+
+@dataclass(frozen=True)
+class GpuMemoryHealth:
+    """One GPU's block of `nvidia-smi -q -d ROW_REMAPPER,ECC`; None where not reported."""
+
+    pci_bus_id: str
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure_occurred: bool | None = None
+    ecc_volatile_correctable: int | None = None
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_aggregate_correctable: int | None = None
+    ecc_aggregate_uncorrectable: int | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+
+
+@dataclass(frozen=True)
+class GpuQueryRow:
+    """One line of `--query-gpu=index,uuid,pci.bus_id,memory.total,memory.used`."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ComputeAppRow:
+    """One line of `--query-compute-apps=gpu_uuid,pid,process_name,used_memory`."""
+
+    gpu_uuid: str
+    pid: int | None
+    process_name: str | None
+    used_bytes: int | None
+
+
+@dataclass
+class _Node:
+    children: dict[str, _Node] = field(default_factory=dict)
+    value: str | None = None
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """`00000000:3B:00.0` and `0000:3b:00.0` name the same GPU: compare as 4-digit lower case."""
+    domain, _, rest = bus_id.strip().partition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{rest}".lower()
+
+
+def parse_query(text: str) -> tuple[GpuMemoryHealth, ...]:
+    """Read the per-GPU blocks of `nvidia-smi -q -d ...`; a GPU header starts each block."""
+    blocks: list[tuple[str, list[str]]] = []
+    for number, raw in enumerate(_lines(text), start=1):
+        line = raw.rstrip()
+        if not line.strip():
+            continue
+        header = _GPU_HEADER.match(line)
+        if header is not None:
+            if len(blocks) >= MAX_GPUS:
+                raise NvidiaSmiParseError(f"more than {MAX_GPUS} GPU blocks")
+            blocks.append((header.group("bus"), []))
+        elif blocks and line.startswith(" "):
+            blocks[-1][1].append(line)
+        elif not blocks and (":" in line or line.startswith("=")):
+            continue  # the preamble: banner, timestamp, driver version, GPU count
+        else:
+            raise NvidiaSmiParseError(f"line {number} is not nvidia-smi -q output: {line[:120]!a}")
+    return tuple(_memory_health(bus, _tree(lines)) for bus, lines in blocks)
+
+
+def parse_gpu_rows(text: str) -> tuple[GpuQueryRow, ...]:
+    """Read `index, uuid, pci.bus_id, memory.total, memory.used` CSV without a header."""
+    rows: list[GpuQueryRow] = []
+    for number, line in _csv_lines(text):
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != 5:
+            raise NvidiaSmiParseError(f"query-gpu line {number} has {len(cells)} fields, not 5")
+        index = _int(cells[0])
+        if index is None:
+            raise NvidiaSmiParseError(f"query-gpu line {number} has no GPU index: {line[:120]!a}")
+        rows.append(
+            GpuQueryRow(
+                index=index,
+                uuid=_text(cells[1]),
+                pci_bus_id=_text(cells[2]),
+                memory_total_bytes=_mib(cells[3], number),
+                memory_used_bytes=_mib(cells[4], number),
+            )
+        )
+    return tuple(rows)
+
+
+def parse_compute_apps(text: str) -> tuple[ComputeAppRow, ...]:
+    """Read `gpu_uuid, pid, process_name, used_memory` CSV; a name may itself hold commas."""
+    rows: list[ComputeAppRow] = []
+    for number, line in _csv_lines(text):
+        if line.strip().lower().startswith("no running"):
+            continue
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) < 4:
+            raise NvidiaSmiParseError(f"compute-apps line {number} has {len(cells)} fields, not 4")
+        uuid = _text(cells[0])
+        if uuid is None:
+            raise NvidiaSmiParseError(f"compute-apps line {number} names no GPU: {line[:120]!a}")
+        rows.append(
+            ComputeAppRow(
+                gpu_uuid=uuid,
+                pid=_int(cells[1]),
+                process_name=_text(", ".join(cells[2:-1])),
+                used_bytes=_mib(cells[-1], number),
+            )
+        )
+    return tuple(rows)
+
+
+def _csv_lines(text: str) -> list[tuple[int, str]]:
+    lines = [(n, line) for n, line in enumerate(_lines(text), start=1) if line.strip()]
+    if len(lines) > MAX_GPUS * 64:
+        raise NvidiaSmiParseError(f"{len(lines)} CSV lines is more than any node prints")
+    return lines
+
+
+def _lines(text: str) -> list[str]:
+    """Only newlines end lines: str.splitlines() would also split on \x1e or U+2028 in a name."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _tree(lines: list[str]) -> _Node:
+    """Indentation is the structure: `Key : value` leaves under `Section` headers."""
+    root = _Node()
+    stack: list[tuple[int, _Node]] = [(-1, root)]
+    for line in lines:
+        indent = len(line) - len(line.lstrip(" "))
+        key, sep, value = line.strip().partition(":")
+        key = key.strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else root
+        node = parent.children.setdefault(key, _Node())
+        if sep and value.strip():
+            node.value = value.strip()
+        else:
+            stack.append((indent, node))
+    return root
+
+
+def _get(node: _Node, *path: str) -> _Node | None:
+    current: _Node | None = node
+    for key in path:
+        if current is None:
+            return None
+        current = current.children.get(key)
+    return current
+
+
+def _count(node: _Node | None) -> int | None:
+    return None if node is None else _int(node.value or "")
+
+
+def _flag(node: _Node | None) -> bool | None:
+    if node is None or node.value is None:
+        return None
+    value = node.value.strip().lower()
+    if value in ("yes", "true"):
+        return True
+    if value in ("no", "false"):
+        return False
+    return None
+
+
+def _sum(*counts: int | None) -> int | None:
+    present = [count for count in counts if count is not None]
+    return sum(present) if present else None
+
+
+def _ecc(errors: _Node | None, span: str, kind: str) -> int | None:
+    """Errors of one span (Volatile/Aggregate) and kind (Correctable/Uncorrectable)."""
+    section = _get(errors, span) if errors is not None else None
+    if section is None:
+        return None
+    if kind == "Correctable":
+        return _sum(
+            _count(_get(section, "SRAM Correctable")),
+            _count(_get(section, "DRAM Correctable")),
+            _count(_get(section, "Single Bit", "Total")),
+        )
+    return _sum(
+        _count(_get(section, "SRAM Uncorrectable")),
+        _count(_get(section, "SRAM Uncorrectable Parity")),
+        _count(_get(section, "SRAM Uncorrectable SEC-DED")),
+        _count(_get(section, "DRAM Uncorrectable")),
+        _count(_get(section, "Double Bit", "Total")),
+    )
+
+
+def _memory_health(bus: str, root: _Node) -> GpuMemoryHealth:
+    errors = _get(root, "ECC Errors")
+    rows = _get(root, "Remapped Rows")
+    pages = _get(root, "Retired Pages")
+    pending_pages = _get(pages, "Pending Page Blacklist") if pages else None
+    if pages is not None and pending_pages is None:
+        pending_pages = _get(pages, "Pending")
+    return GpuMemoryHealth(
+        pci_bus_id=bus,
+        remapped_rows_correctable=_count(_get(rows, "Correctable Error")) if rows else None,
+        remapped_rows_uncorrectable=_count(_get(rows, "Uncorrectable Error")) if rows else None,
+        remap_pending=_flag(_get(rows, "Pending")) if rows else None,
+        remap_failure_occurred=_flag(_get(rows, "Remapping Failure Occurred")) if rows else None,
+        ecc_volatile_correctable=_ecc(errors, "Volatile", "Correctable"),
+        ecc_volatile_uncorrectable=_ecc(errors, "Volatile", "Uncorrectable"),
+        ecc_aggregate_correctable=_ecc(errors, "Aggregate", "Correctable"),
+        ecc_aggregate_uncorrectable=_ecc(errors, "Aggregate", "Uncorrectable"),
+        retired_pages_single_bit=_retired(pages, "Single Bit ECC"),
+        retired_pages_double_bit=_retired(pages, "Double Bit ECC"),
+        retired_pages_pending=_flag(pending_pages),
+    )
+
+
+def _retired(pages: _Node | None, name: str) -> int | None:
+    """Drivers print the count on the line itself, or under it as `Retired Count`."""
+    node = _get(pages, name) if pages is not None else None
+    if node is None:
+        return None
+    if node.value is not None:
+        return _count(node)
+    return _count(_get(node, "Retired Count"))
+
+
+def _int(value: str) -> int | None:
+    cleaned = value.strip()
+    if cleaned.lower() in _UNAVAILABLE:
+        return None
+    if cleaned.isdigit() and len(cleaned) <= 19:
+        return int(cleaned)
+    return None
+
+
+def _text(value: str) -> str | None:
+    cleaned = value.strip()
+    return None if cleaned.lower() in _UNAVAILABLE else cleaned
+
+
+def _mib(value: str, number: int) -> int | None:
+    cleaned = value.strip()
+    if cleaned.lower() in _UNAVAILABLE:
+        return None
+    match = _MEMORY.match(cleaned)
+    if match is None:
+        raise NvidiaSmiParseError(f"line {number}: {cleaned[:40]!a} is not a MiB amount")
+    return int(match.group("n")) * MIB
