@@ -414,7 +414,7 @@ def test_hostlists_through_nodeset() -> None:
 # -- property-based: odd names and comments survive every parser -----------------------------
 
 _ODD_TEXT = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x1f"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x1f"),
     max_size=60,
 )
 
