@@ -1,0 +1,91 @@
+"""The engine factory against real SQLite and PostgreSQL: the settings it promises are in force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
+
+from daemon.store.engine import StoreConfigError, make_engine, normalise_url
+from daemon.store.settings import StoreSettings, sqlite_url
+from tests.postgres import PostgresServer
+
+
+def _sqlite(tmp_path: Path, **options: object) -> Engine:
+    return make_engine(StoreSettings(url=sqlite_url(tmp_path / "medic.db"), **options))  # type: ignore[arg-type]
+
+
+def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    engine = _sqlite(tmp_path, sqlite_busy_timeout_ms=1234)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    assert (tmp_path / "medic.db").exists()
+    engine.dispose()
+
+
+def test_nothing_is_opened_until_asked(tmp_path: Path) -> None:
+    engine = _sqlite(tmp_path)
+    assert not (tmp_path / "medic.db").exists()
+    engine.dispose()
+
+
+def test_sqlite_enforces_foreign_keys(tmp_path: Path) -> None:
+    engine = _sqlite(tmp_path)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE parent (id INTEGER PRIMARY KEY)"))
+        connection.execute(
+            text("CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id REFERENCES parent(id))")
+        )
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.execute(text("INSERT INTO child (parent_id) VALUES (42)"))
+    engine.dispose()
+
+
+def test_sqlite_savepoints_roll_back_alone(tmp_path: Path) -> None:
+    """pysqlite's own transaction handling breaks SAVEPOINT; the factory takes it over."""
+    engine = _sqlite(tmp_path)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (v INTEGER)"))
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO t VALUES (1)"))
+        nested = connection.begin_nested()
+        connection.execute(text("INSERT INTO t VALUES (2)"))
+        nested.rollback()
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT v FROM t")).scalars().all() == [1]
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_engine_uses_psycopg3(postgres_server: PostgresServer) -> None:
+    url = postgres_server.url("postgres").replace("postgresql+psycopg://", "postgresql://")
+    engine = make_engine(StoreSettings(url=url, pool_size=2))
+    try:
+        assert engine.dialect.driver == "psycopg"
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT 1")).scalar_one() == 1
+    finally:
+        engine.dispose()
+
+
+def test_bare_postgresql_url_means_psycopg3() -> None:
+    assert normalise_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(StoreConfigError, match="SQLite file"):
+        normalise_url("sqlite://")
+
+
+def test_default_url_is_under_the_state_directory() -> None:
+    assert StoreSettings().url == "sqlite+pysqlite:////var/lib/slurm-medic/medic.db"
+
+
+def test_other_databases_are_refused() -> None:
+    with pytest.raises(ValidationError, match="sqlite and postgresql"):
+        StoreSettings(url="mysql://h/db")
