@@ -63,6 +63,7 @@ class OomReport:
     other_processes: tuple[OtherProcess, ...] = ()
     alloc_conf: str | None = None  # PYTORCH_[CUDA_]ALLOC_CONF value, if the message named one
     suggests_max_split: bool = False  # the message carried the max_split_size_mb hint
+    alloc_conf_var: str | None = None  # which spelling it named: PYTORCH_ALLOC_CONF or ..._CUDA_...
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class LogFindings:
     exit_code: int | None = None
     killed_by_signal: int | None = None
     notes: tuple[str, ...] = ()  # what the scan could not read, and why
+    error_type: str | None = None  # exception class of the root failure, when it was one
+    job_pids: tuple[int, ...] = ()  # pids the log names as the job's own ranks (torchrun)
+    traceback_seen: bool = False  # the root failure came with a Python traceback
+    bytes_scanned: int = 0  # how much of the log's end the scan read
 
 
 class ProbeVerdict(StrEnum):

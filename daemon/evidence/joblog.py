@@ -1,0 +1,804 @@
+"""The job-log scanner: who failed first, where, at which step, in which phase, and how.
+
+A dead job's log can be many gigabytes; the failure is nearly always near its end. The
+scanner reads backwards from the end in blocks and never holds the whole file:
+
+1. The last `TAIL_FULL_BYTES` are read line by line (the ChildFailedError table, srun's
+   `srun: error:` lines, the cascade of collective timeouts and the last progress line live
+   there).
+2. Further back it only tests each block for a few literal byte strings (`emory`, `Kill`,
+   `rror`, ...) at C speed and splits only the blocks that hold one.
+3. Once a root failure is found it reads every line again for up to `LOOKBEHIND_BYTES` before
+   the earliest one: the traceback frames and the step marker come before the error line.
+
+It stops at the start of the file, at the byte budget, or when the root failure, its
+traceback and a step before it are all in hand. Then it reads the kept lines forward,
+tracking each rank's traceback separately (lines of different ranks interleave).
+
+Input it treats as normal: ANSI colour codes, tqdm's `\\r` redraws, srun `--label` prefixes
+(`3: `), torchrun's `[rank3]:` (global rank) and `[default3]:` (local rank) prefixes, partial
+last lines, invalid UTF-8 (replaced), lines of many megabytes (cut to their first and last
+`LINE_KEEP_BYTES`), binary garbage (noted). Only regular files are read: a FIFO or a device
+is refused with `LogReadError` before any read, so nothing can block. Symlinks are refused
+unless `follow_symlinks=True`: the daemon reads a job's log with rights that may exceed the
+job owner's, and a link planted in an output directory must not make it read another file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from daemon.evidence.oom import detect_family, host_ram_is_certain, parse_oom
+from daemon.evidence.records import LogFindings, OomFamily, OomReport, Phase
+
+MIB = 1024 * 1024
+DEFAULT_BLOCK_SIZE = MIB
+DEFAULT_BYTE_BUDGET = (
+    2 * 1024 * MIB
+)  # the failure of a dead job is in its last few MB; 2 GiB is ample
+TAIL_FULL_BYTES = MIB  # summaries (tables, srun errors, cascades) are printed last
+LOOKBEHIND_BYTES = 4 * MIB  # how far before the earliest root failure to look for frames and steps
+MIN_LOOKBEHIND_BYTES = 256 * 1024  # at least this much, to catch another rank failing a bit earlier
+LINE_KEEP_BYTES = 64 * 1024  # of a longer line, keep this much of its head and of its tail
+MAX_JSON_CHARS = MIB  # an elastic error file is small; a bigger "JSON" line is not one
+BINARY_SHARE = 0.3  # above this share of control characters the log is noted as binary
+
+# Literal byte strings that every root failure line holds one of (tested per block, C speed).
+_ROOT_TRIGGERS = (b"emory", b"_FAILED", b"WORKSPACE", b"oom", b"Kill", b"rror", b"xhausted")
+_TRACEBACK_START = "Traceback (most recent call last):"
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_SRUN_LABEL = re.compile(r"^\s*(\d+): ")
+_TORCHRUN_RANK = re.compile(r"^\[rank(\d+)\]:\s?")
+_TORCHRUN_LOCAL = re.compile(r"^\[default(\d+)\]:\s?")
+_NCCL_HOST = re.compile(r"^(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+, in (?P<func>[\w<>.]+)')
+_RICH_FRAME = re.compile(r"(?P<path>[\w./\\\-]+\.py):\d+\s+in\s+(?P<func>[\w<>]+)")
+_EXCEPTION = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Exhausted))"
+    r"(?::\s?(?P<message>.*))?$"
+)
+_CASCADE = re.compile(
+    r"Watchdog caught collective operation timeout|ProcessGroupNCCL|DistBackendError"
+    r"|NCCL communicator|NCCL error|ncclRemoteError|ncclSystemError|ncclInternalError"
+    r"|Connection closed by remote peer|Connection reset by peer|Broken pipe"
+    r"|RendezvousClosedError|SignalException|closing signal SIG|ChildFailedError"
+    r"|received signal 15|Terminated|Terminating (?:StepId|job step)|CANCELLED AT|TCPStore"
+    r"|Socket Timeout|collective operation timeout|Timed out waiting|KeyboardInterrupt"
+)
+_SRUN_ERROR = re.compile(
+    r"srun: error: (?P<node>[\w.\-]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$"
+)
+_EXIT_CODE = re.compile(r"[Ee]xit(?:ed with exit)? code:?\s*(-?\d+)")
+_TABLE_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_TABLE_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_TABLE_RANK = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
+_TABLE_EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+_ELASTIC_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_CLOSING_SIGNAL = re.compile(r"Sending process (\d+) closing signal")
+
+DEFAULT_STEP_PATTERNS = (
+    re.compile(r"\biteration\s+(\d+)\s*/\s*\d+"),  # Megatron: ` iteration      182/  250000 |`
+    re.compile(r"\|\s*(\d+)/\d+\s*\["),  # tqdm bars (HF Trainer, Lightning): `| 450/1000 [`
+    re.compile(r"\bstep=(\d+)"),  # DeepSpeed: `[Rank 0] step=1249, skipped=0`
+    re.compile(r"\b(?:global[_ ])?step\s*[:=]?\s*(\d+)\b(?![.\d])", re.IGNORECASE),  # `step 95,`
+)
+
+_PHASE_FUNCS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
+    (
+        Phase.CHECKPOINT_SAVE,
+        re.compile(
+            r"^(_?save_checkpoint|save_model|save_pretrained|_save_optimizer_and_scheduler"
+            r"|save_state|consolidate_state_dict|_save_to_state_dict|save_state_dict)$"
+        ),
+    ),
+    (
+        Phase.DATA_LOADING,
+        re.compile(
+            r"^(__getitem__|default_collate|collate\w*|_next_data|_try_get_data|_get_data)$"
+        ),
+    ),
+    (
+        Phase.EVAL,
+        re.compile(
+            r"^_?(evaluat\w*|eval_step|evaluation_loop|prediction_\w+|predict\w*|generate\w*"
+            r"|_sample|greedy_search|_?beam_search|validation_step|test_step|validate\w*"
+            r"|run_validation|_run_validation)$"
+        ),
+    ),
+    (
+        Phase.OPTIMIZER_STEP,
+        re.compile(
+            r"^(optimizer_step|_optimizer_step|_single_tensor_\w+|_multi_tensor_\w+|_fused_\w+"
+            r"|_init_group|_take_model_step|initialize_optimizer_states|_update_state)$"
+        ),
+    ),
+    (Phase.BACKWARD, re.compile(r"^(backward|run_backward|_engine_run_backward)$")),
+    (Phase.FORWARD, re.compile(r"^(forward|_call_impl|_wrapped_call_impl|_forward\w*)$")),
+)
+_PHASE_PATHS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
+    (Phase.CHECKPOINT_SAVE, re.compile(r"torch/serialization\.py|distributed/checkpoint/")),
+    (Phase.DATA_LOADING, re.compile(r"torch/utils/data/")),
+    (Phase.OPTIMIZER_STEP, re.compile(r"/optim/|/optimizer\w*\.py|deepspeed/runtime/zero/")),
+    (Phase.BACKWARD, re.compile(r"torch/autograd/")),
+)
+_PHASE_CODE: tuple[tuple[Phase, re.Pattern[str]], ...] = (
+    (Phase.CHECKPOINT_SAVE, re.compile(r"\b(torch\.save|save_checkpoint|save_pretrained)\(")),
+    (Phase.EVAL, re.compile(r"\.(generate|evaluate)\(")),
+    (Phase.OPTIMIZER_STEP, re.compile(r"\boptimizer\.step\(|\bopt\.step\(")),
+    (Phase.BACKWARD, re.compile(r"\.backward\(")),
+)
+_HEAVY_KERNELS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"attn|attention|sdpa|scaled_dot_product|flash_", re.IGNORECASE)),
+    (
+        "moe_dispatch",
+        re.compile(r"moe|experts?\b|dispatch|all_?to_?all|permut|grouped_gemm|router", re.I),
+    ),
+    (
+        "cublas_matmul",
+        re.compile(
+            r"\blinear\b|matmul|\bbmm\b|baddbmm|addmm|cublas|\bmm\(|(?<!grouped_)gemm", re.I
+        ),
+    ),
+    ("cudnn_conv", re.compile(r"conv[123]d|_conv_forward|convolution|cudnn", re.IGNORECASE)),
+)
+
+
+class LogReadError(Exception):
+    """The log cannot be read as a regular file (missing, a FIFO, a symlink, no permission)."""
+
+
+@dataclass(frozen=True)
+class _Frame:
+    path: str
+    func: str
+    code: str = ""
+
+
+@dataclass
+class _Event:
+    """One failure line: a root (OOM, exception), a cascade, or a summary (srun, table)."""
+
+    offset: int
+    kind: str  # "oom", "exception", "cascade"
+    rank: int | None
+    node: str | None
+    text: str
+    frames: tuple[_Frame, ...] = ()
+    error_type: str | None = None
+    oom: OomReport | None = None
+
+
+@dataclass
+class _RankState:
+    frames: list[_Frame] = field(default_factory=list)
+    in_traceback: bool = False
+
+
+@dataclass
+class _TableEntry:
+    root_cause: bool
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class _Analysis:
+    """State of the forward pass over the kept lines."""
+
+    step_patterns: tuple[re.Pattern[str], ...]
+    events: list[_Event] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    ranks: dict[int | None, _RankState] = field(default_factory=dict)
+    srun_errors: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
+    table: list[_TableEntry] = field(default_factory=list)
+    in_root_section: bool = False
+    job_pids: set[int] = field(default_factory=set)
+    local_rank_exit: dict[int, int] = field(default_factory=dict)
+    rank_from_local_prefix: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def scan_log(
+    source: str | os.PathLike[str] | BinaryIO,
+    *,
+    step_pattern: str | re.Pattern[str] | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    byte_budget: int = DEFAULT_BYTE_BUDGET,
+    follow_symlinks: bool = False,
+) -> LogFindings:
+    """Scan a job log from its end; raise `LogReadError` if it is not a readable regular file."""
+    if block_size < 4096:
+        raise ValueError(f"block_size must be at least 4096 bytes, got {block_size}")
+    patterns = _step_patterns(step_pattern)
+    if isinstance(source, (str, os.PathLike)):
+        fd = _open_regular(os.fspath(source), follow_symlinks=follow_symlinks)
+        try:
+            return _scan(_FdReader(fd), patterns, block_size, byte_budget)
+        finally:
+            os.close(fd)
+    if not source.seekable():
+        raise LogReadError("the log stream is not seekable: pass a regular file")
+    return _scan(_StreamReader(source), patterns, block_size, byte_budget)
+
+
+def _step_patterns(step_pattern: str | re.Pattern[str] | None) -> tuple[re.Pattern[str], ...]:
+    if step_pattern is None:
+        return DEFAULT_STEP_PATTERNS
+    compiled = re.compile(step_pattern) if isinstance(step_pattern, str) else step_pattern
+    if compiled.groups < 1:
+        raise ValueError("step_pattern needs a group that captures the step number")
+    return (compiled,)
+
+
+def _open_regular(path: str, *, follow_symlinks: bool) -> int:
+    """Open without blocking (a FIFO would) and without following a final symlink."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP and not follow_symlinks:
+            raise LogReadError(
+                f"{path} is a symlink; it is read only when following is asked for"
+            ) from error
+        raise LogReadError(f"cannot open {path}: {error.strerror}") from error
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise LogReadError(
+            f"{path} is not a regular file ({_file_kind(mode)}); refusing to read it"
+        )
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a plain file"
+
+
+class _FdReader:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+
+class _StreamReader:
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.size = stream.seek(0, os.SEEK_END)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        self._stream.seek(offset)
+        return self._stream.read(length)
+
+
+def _scan(
+    reader: _FdReader | _StreamReader,
+    step_patterns: tuple[re.Pattern[str], ...],
+    block_size: int,
+    byte_budget: int,
+) -> LogFindings:
+    size = reader.size
+    if size == 0:
+        return LogFindings(notes=("the log is empty",))
+    kept, scanned, notes = _collect_backward(reader, size, block_size, byte_budget, step_patterns)
+    analysis = _Analysis(step_patterns=step_patterns, notes=notes)
+    for offset, text in kept:
+        _analyse_line(analysis, offset, text)
+    return _findings(analysis, scanned)
+
+
+def _collect_backward(
+    reader: _FdReader | _StreamReader,
+    size: int,
+    block_size: int,
+    byte_budget: int,
+    step_patterns: tuple[re.Pattern[str], ...],
+) -> tuple[list[tuple[int, str]], int, list[str]]:
+    """Walk back from the end; return the lines worth analysing (file order) and what was read."""
+    kept: list[tuple[int, str]] = []
+    notes: list[str] = []
+    earliest_root: int | None = None
+    traceback_before_root = False
+    step_before_root = False
+    long_lines = 0
+    replaced = 0
+    control = 0
+    decoded = 0
+
+    def wants_block(block_end: int, data: bytes) -> bool:
+        if block_end > size - TAIL_FULL_BYTES:
+            return True
+        if earliest_root is not None and block_end >= earliest_root - LOOKBEHIND_BYTES:
+            return True
+        return any(trigger in data for trigger in _ROOT_TRIGGERS)
+
+    progress = [size]
+    stopped = False
+    lines = _lines_backward(
+        reader, size, block_size, byte_budget, wants_block=wants_block, progress=progress
+    )
+    for offset, line, cut in lines:
+        full = offset >= size - TAIL_FULL_BYTES or (
+            earliest_root is not None and offset >= earliest_root - LOOKBEHIND_BYTES
+        )
+        if earliest_root is not None and offset < earliest_root - LOOKBEHIND_BYTES:
+            stopped = True
+            break
+        if (
+            earliest_root is not None
+            and traceback_before_root
+            and step_before_root
+            and offset < earliest_root - MIN_LOOKBEHIND_BYTES
+        ):
+            stopped = True
+            break
+        if not full and not any(trigger in line for trigger in _ROOT_TRIGGERS):
+            continue
+        long_lines += cut
+        text = _decode(line)
+        replaced += text.count("\ufffd")
+        control += sum(1 for char in text if char < " " and char not in "\t\r\x1b")
+        decoded += len(text)
+        kept.append((offset, text))
+        if _is_root_candidate(text):
+            earliest_root = offset
+            traceback_before_root = False
+            step_before_root = False
+        elif earliest_root is not None and offset < earliest_root:
+            traceback_before_root = traceback_before_root or _TRACEBACK_START in text
+            step_before_root = step_before_root or _find_step(text, step_patterns) is not None
+    scanned = size - progress[0]
+    if progress[0] > 0 and not stopped:
+        notes.append(f"read only the last {scanned} of {size} bytes (byte budget {byte_budget})")
+    if long_lines:
+        notes.append(f"{long_lines} line(s) longer than {2 * LINE_KEEP_BYTES} bytes were cut")
+    if replaced:
+        notes.append(f"{replaced} invalid UTF-8 sequence(s) replaced")
+    if decoded and control / decoded > BINARY_SHARE:
+        notes.append("the log looks binary (many control characters)")
+    kept.reverse()
+    return kept, scanned, notes
+
+
+def _lines_backward(
+    reader: _FdReader | _StreamReader,
+    size: int,
+    block_size: int,
+    byte_budget: int,
+    *,
+    wants_block: Callable[[int, bytes], bool],
+    progress: list[int],
+) -> Iterator[tuple[int, bytes, bool]]:
+    """Yield (offset, line, was_cut) from the last line to the first, within the budget.
+
+    `wants_block(end_offset, data)` says whether a block's lines are needed at all; a block it
+    declines is never split, so the bytes far from the failure cost one C-speed test each.
+    """
+    position = size
+    pending = b""  # the start of a line that began in an earlier block (grows backwards)
+    pending_tail: bytes | None = None  # last bytes of an over-long pending line
+    while position > 0 and size - position < byte_budget:
+        start = max(0, position - block_size)
+        block = reader.read_at(start, position - start)
+        if len(block) != position - start:
+            break  # the file shrank under us: stop rather than misplace offsets
+        data = block + pending
+        first_newline = data.find(b"\n") if start > 0 else -1
+        position = start
+        progress[0] = start
+        if start > 0 and first_newline == -1:
+            pending, pending_tail = _bound_pending(data, pending_tail)
+            continue
+        pending = data[: first_newline + 1]
+        if not wants_block(start + len(data), data):
+            pending_tail = None
+            continue
+        pieces = data[first_newline + 1 :].split(b"\n")
+        if start + len(data) == size and pieces[-1] == b"":
+            pieces.pop()  # the file ends with a newline
+        offsets = []
+        offset = start + first_newline + 1
+        for piece in pieces:
+            offsets.append(offset)
+            offset += len(piece) + 1
+        for index in range(len(pieces) - 1, -1, -1):
+            piece = pieces[index]
+            was_cut = False
+            if index == len(pieces) - 1 and pending_tail is not None:
+                piece = piece + b" [...] " + pending_tail
+                was_cut = True
+            if len(piece) > 2 * LINE_KEEP_BYTES:
+                piece = piece[:LINE_KEEP_BYTES] + b" [...] " + piece[-LINE_KEEP_BYTES:]
+                was_cut = True
+            yield offsets[index], piece, was_cut
+        pending_tail = None
+
+
+def _bound_pending(data: bytes, tail: bytes | None) -> tuple[bytes, bytes | None]:
+    """Keep a line without newline bounded: its last bytes once, and its earliest bytes."""
+    if len(data) <= 2 * LINE_KEEP_BYTES:
+        return data, tail
+    if tail is None:
+        tail = data[-LINE_KEEP_BYTES:]
+    return data[:LINE_KEEP_BYTES], tail
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _is_root_candidate(text: str) -> bool:
+    body = _strip(text)[3]
+    family = detect_family(body)
+    if family is not None and family is not OomFamily.HOST_RAM:
+        return True
+    match = _EXCEPTION.match(body)
+    return match is not None and _CASCADE.search(body) is None
+
+
+def _strip(text: str) -> tuple[int | None, str | None, str | None, str]:
+    """Remove colour codes, rank prefixes and tqdm redraws: (rank, rank source, node, body)."""
+    body = _ANSI.sub("", text)
+    rank, source, body = _strip_prefixes(body, None, None)
+    if "\r" in body:
+        segments = [segment for segment in body.split("\r") if segment.strip()]
+        body = segments[-1] if segments else ""
+        rank, source, body = _strip_prefixes(body, rank, source)
+    node = None
+    if match := _NCCL_HOST.match(body):
+        node = match.group("host")
+    return rank, source, node, body
+
+
+def _strip_prefixes(
+    body: str, rank: int | None, source: str | None
+) -> tuple[int | None, str | None, str]:
+    for _ in range(3):
+        if match := _TORCHRUN_RANK.match(body):
+            rank, source = int(match.group(1)), "torchrun"
+        elif match := _TORCHRUN_LOCAL.match(body):
+            if source != "torchrun":
+                rank, source = int(match.group(1)), "local"
+        elif match := _SRUN_LABEL.match(body):
+            if source is None:
+                rank, source = int(match.group(1)), "srun"
+        else:
+            break
+        body = body[match.end() :]
+    return rank, source, body
+
+
+def _segments(text: str) -> list[str]:
+    """A tqdm line redrawn with `\\r` holds several states; each is read in order."""
+    return [segment for segment in _ANSI.sub("", text).split("\r") if segment.strip()]
+
+
+def _find_step(text: str, patterns: tuple[re.Pattern[str], ...]) -> int | None:
+    if "slurmstepd:" in text or "srun:" in text:
+        return None  # Slurm's own "step 123.0" is a job step, not a training step
+    step = None
+    for segment in _segments(text):
+        for pattern in patterns:
+            match = pattern.search(segment)
+            if match is not None:
+                group = "step" if "step" in pattern.groupindex else 1
+                step = int(match.group(group))
+                break
+    return step
+
+
+def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
+    rank, source, node, body = _strip(text)
+    if source == "local":
+        state.rank_from_local_prefix = True
+    step = _find_step(text, state.step_patterns)
+    if step is not None:
+        state.steps.append((offset, step))
+    rank_state = state.ranks.setdefault(rank, _RankState())
+    if _TRACEBACK_START in body:
+        rank_state.frames = []
+        rank_state.in_traceback = True
+        return
+    if _table_line(state, body):
+        return
+    if match := _FRAME.match(body):
+        rank_state.frames.append(_Frame(match.group("path"), match.group("func")))
+        rank_state.in_traceback = True
+        return
+    if rank_state.in_traceback and "│" in body and (match := _RICH_FRAME.search(body)):
+        rank_state.frames.append(_Frame(match.group("path"), match.group("func")))
+        return
+    if rank_state.in_traceback and body.startswith(" ") and rank_state.frames:
+        last = rank_state.frames[-1]
+        if not last.code:
+            rank_state.frames[-1] = _Frame(last.path, last.func, body.strip())
+        return
+    _summary_line(state, body)
+    if body.lstrip().startswith("{") and '"message"' in body:
+        _elastic_json(state, offset, rank, node, body)
+        return
+    family = detect_family(body)
+    exception = _EXCEPTION.match(body.strip())
+    frames = tuple(rank_state.frames) if rank_state.in_traceback else ()
+    error_type = exception.group("type") if exception else None
+    if family is not None:
+        report = parse_oom(body)
+        state.events.append(
+            _Event(offset, "oom", rank, node, body.strip(), frames, error_type, report)
+        )
+        rank_state.in_traceback = False
+        return
+    if _CASCADE.search(body):
+        state.events.append(_Event(offset, "cascade", rank, node, body.strip()))
+        rank_state.in_traceback = False
+        return
+    if exception is not None:
+        state.events.append(
+            _Event(offset, "exception", rank, node, body.strip(), frames, error_type)
+        )
+        rank_state.in_traceback = False
+
+
+def _summary_line(state: _Analysis, body: str) -> None:
+    """srun's per-task errors and torchrun's agent lines: who died, where, with which code."""
+    if match := _SRUN_ERROR.search(body):
+        tasks = _task_ids(match.group("tasks"))
+        state.srun_errors.append((match.group("node"), tasks, match.group("what")))
+    if match := _ELASTIC_FAILED.search(body):
+        state.local_rank_exit[int(match.group(2))] = int(match.group(1))
+        state.job_pids.add(int(match.group(3)))
+    if match := _CLOSING_SIGNAL.search(body):
+        state.job_pids.add(int(match.group(1)))
+
+
+def _task_ids(text: str) -> tuple[int, ...]:
+    ids: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            top = int(high) if high else int(low)
+            ids.extend(range(int(low), min(top, int(low) + 4096) + 1))
+    return tuple(ids)
+
+
+def _table_line(state: _Analysis, body: str) -> bool:
+    """torchrun's ChildFailedError table: `Root Cause (first observed failure):` then fields."""
+    stripped = body.strip()
+    if stripped.startswith("Root Cause (first observed failure)"):
+        state.in_root_section = True
+        return True
+    if stripped.startswith(("Failures:", "Other Failures:")):
+        state.in_root_section = False
+        return True
+    if _TABLE_ENTRY.match(body):
+        state.table.append(_TableEntry(root_cause=state.in_root_section))
+        return True
+    match = _TABLE_FIELD.match(body)
+    if match is None or not state.table:
+        return False
+    entry = state.table[-1]
+    key, value = match.group(1), match.group(2).strip()
+    if key == "host":
+        entry.host = value or None
+    elif key == "rank" and (rank := _TABLE_RANK.match(value)):
+        entry.rank = int(rank.group(1))
+        entry.local_rank = int(rank.group(2)) if rank.group(2) else None
+    elif key == "exitcode" and (code := _TABLE_EXIT.match(value)):
+        entry.exitcode = int(code.group(1))
+        if code.group(2):
+            entry.pid = int(code.group(2))
+            state.job_pids.add(entry.pid)
+    elif key == "traceback":
+        entry.traceback = value
+    return True
+
+
+def _elastic_json(
+    state: _Analysis, offset: int, rank: int | None, node: str | None, body: str
+) -> None:
+    """torchrun's error file: {"message": {"message", "extraInfo": {"py_callstack"}}}."""
+    if len(body) > MAX_JSON_CHARS:
+        return
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return
+    message = document.get("message") if isinstance(document, dict) else None
+    callstack = ""
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        if isinstance(extra, dict) and isinstance(extra.get("py_callstack"), str):
+            callstack = extra["py_callstack"]
+        message = message.get("message")
+    if not isinstance(message, str):
+        return
+    frames = tuple(
+        _Frame(match.group("path"), match.group("func"))
+        for line in callstack.splitlines()
+        if (match := _FRAME.match(line))
+    )
+    family = detect_family(message)
+    exception = _EXCEPTION.match(message.strip().splitlines()[0] if message.strip() else "")
+    kind = "oom" if family is not None else "exception"
+    report = parse_oom(message) if family is not None else None
+    error_type = exception.group("type") if exception else None
+    state.events.append(
+        _Event(offset, kind, rank, node, message.strip()[:2000], frames, error_type, report)
+    )
+
+
+def _findings(state: _Analysis, scanned: int) -> LogFindings:
+    root = _choose_root(state)
+    notes = list(state.notes)
+    job_pids = tuple(sorted(state.job_pids))
+    max_step = max((step for _, step in state.steps), default=None)
+    if root is None:
+        exit_code, signal = _exit_from_summaries(state, None)
+        notes.append(f"no failure message found in the last {scanned} bytes read")
+        return LogFindings(
+            max_step_seen=max_step,
+            exit_code=exit_code,
+            killed_by_signal=signal,
+            notes=tuple(notes),
+            job_pids=job_pids,
+            bytes_scanned=scanned,
+        )
+    rank, node = _root_rank_and_node(state, root, notes)
+    steps_before = [step for offset, step in state.steps if offset <= root.offset]
+    exit_code, signal = _exit_from_summaries(state, rank)
+    if root.oom is not None and root.oom.family is OomFamily.HOST_RAM and signal is None:
+        signal = 9
+    cascade_ranks = sorted(
+        {event.rank for event in state.events if event.kind == "cascade" and event.rank is not None}
+        - {rank}
+    )
+    if state.rank_from_local_prefix:
+        notes.append("ranks from torchrun's [defaultN] prefix are local ranks on their node")
+    return LogFindings(
+        rank=rank,
+        node=node,
+        step=steps_before[-1] if steps_before else None,
+        max_step_seen=max_step,
+        phase=_phase(root.frames),
+        frames=tuple(frame.func for frame in root.frames),
+        heavy_kernels=_heavy_kernels(root.frames),
+        oom=root.oom,
+        root_failure_line=root.text[:2000],
+        cascade_ranks=tuple(cascade_ranks),
+        exit_code=exit_code,
+        killed_by_signal=signal,
+        notes=tuple(notes),
+        error_type=root.error_type,
+        job_pids=job_pids,
+        traceback_seen=bool(root.frames),
+        bytes_scanned=scanned,
+    )
+
+
+def _choose_root(state: _Analysis) -> _Event | None:
+    """Earliest root failure; cascades only when nothing else failed; SIGKILLs from summaries."""
+    gpu_ooms = [
+        e
+        for e in state.events
+        if e.kind == "oom" and e.oom and e.oom.family is not OomFamily.HOST_RAM
+    ]
+    host_ram = [
+        e for e in state.events if e.kind == "oom" and e.oom and e.oom.family is OomFamily.HOST_RAM
+    ]
+    exceptions = [e for e in state.events if e.kind == "exception"]
+    if gpu_ooms and (not exceptions or gpu_ooms[0].offset <= exceptions[0].offset):
+        return gpu_ooms[0]
+    certain_host = [e for e in host_ram if host_ram_is_certain(e.text)]
+    if certain_host:
+        return certain_host[0]
+    if exceptions:
+        return exceptions[0]
+    if gpu_ooms:
+        return gpu_ooms[0]
+    if host_ram:
+        return host_ram[0]
+    table_root = next((entry for entry in state.table if entry.root_cause), None)
+    if table_root is not None and table_root.exitcode == -9:
+        text = f"torchrun: rank {table_root.rank} exitcode -9 ({table_root.traceback or 'SIGKILL'})"
+        return _Event(-1, "oom", table_root.rank, table_root.host, text, oom=parse_oom(text))
+    cascades = [e for e in state.events if e.kind == "cascade"]
+    return cascades[0] if cascades else None
+
+
+def _root_rank_and_node(
+    state: _Analysis, root: _Event, notes: list[str]
+) -> tuple[int | None, str | None]:
+    rank = root.rank
+    table_root = next((entry for entry in state.table if entry.root_cause), None)
+    if rank is None and table_root is not None:
+        rank = table_root.rank
+    failed_tasks = [
+        (node, task)
+        for node, tasks, what in state.srun_errors
+        for task in tasks
+        if "Terminated" not in what and "Killed" not in what
+    ] or [(node, task) for node, tasks, _ in state.srun_errors for task in tasks]
+    if rank is None and failed_tasks:
+        rank = failed_tasks[0][1]
+        notes.append(f"rank taken from srun's first failed task {rank}")
+    node = root.node
+    if node is None:
+        for entry in state.table:
+            if entry.rank is not None and entry.rank == rank and entry.host:
+                node = entry.host
+                break
+    if node is None and rank is not None:
+        for task_node, task in failed_tasks + [
+            (n, t) for n, tasks, _ in state.srun_errors for t in tasks
+        ]:
+            if task == rank:
+                node = task_node
+                break
+    if node is None and len({task_node for task_node, _ in failed_tasks}) == 1:
+        node = failed_tasks[0][0]
+    return rank, node
+
+
+def _exit_from_summaries(state: _Analysis, rank: int | None) -> tuple[int | None, int | None]:
+    for node_name, tasks, what in state.srun_errors:
+        del node_name
+        if rank is not None and rank not in tasks:
+            continue
+        if match := _EXIT_CODE.search(what):
+            code = int(match.group(1))
+            return code, (code - 128 if code > 128 else None)
+        if what.startswith("Killed"):
+            return None, 9
+    for entry in state.table:
+        if entry.exitcode is not None and (rank is None or entry.rank == rank):
+            return entry.exitcode, (-entry.exitcode if entry.exitcode < 0 else None)
+    return None, None
+
+
+def _phase(frames: tuple[_Frame, ...]) -> Phase:
+    for phase, func_pattern in _PHASE_FUNCS:
+        path_pattern = next((p for ph, p in _PHASE_PATHS if ph is phase), None)
+        code_pattern = next((p for ph, p in _PHASE_CODE if ph is phase), None)
+        for frame in frames:
+            path = frame.path.replace("\\", "/")
+            if (
+                func_pattern.match(frame.func)
+                or (path_pattern is not None and path_pattern.search(path))
+                or (code_pattern is not None and code_pattern.search(frame.code))
+            ):
+                return phase
+    return Phase.UNKNOWN
+
+
+def _heavy_kernels(frames: tuple[_Frame, ...]) -> tuple[str, ...]:
+    found: list[str] = []
+    for label, pattern in _HEAVY_KERNELS:
+        for frame in frames:
+            if pattern.search(f"{frame.func} {frame.path.rsplit('/', 1)[-1]} {frame.code}"):
+                found.append(label)
+                break
+    return tuple(found)

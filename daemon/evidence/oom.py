@@ -1,0 +1,184 @@
+"""The out-of-memory message parser: which software ran out, and every number it printed.
+
+Pure: text in, `OomReport` out. Each figure is read by its own pattern, so a message cut in
+the middle (a truncated log) keeps the numbers it still holds and loses only the rest.
+Sizes are exact to what was printed (see `units`): PyTorch rounds to 0.01 of the unit.
+
+PyTorch wordings covered, oldest first:
+- 1.0-1.3: `(GPU 0; X total capacity; Y already allocated; Z free; W cached)`
+- 1.4-2.0: `...; W reserved in total by PyTorch)`, later with the `max_split_size_mb` hint
+- 2.1: `GPU 0 has a total capacty of X of which Y is free. [Process N has X memory in use.]
+  [Including non-PyTorch memory, this process has X memory in use.] Of the allocated memory
+  A is allocated by PyTorch, and B is reserved by PyTorch but unallocated.` (sic: capacty)
+- 2.2+: `capacity`, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, then private pools
+  (`with P allocated in private pools (e.g., CUDA Graphs)`) and `PYTORCH_ALLOC_CONF`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from daemon.evidence.records import OomFamily, OomReport, OtherProcess
+from daemon.evidence.units import SIZE_PATTERN, size_from_parts
+
+MAX_MESSAGE_CHARS = 4096  # an OOM message is one long line; anything beyond is not its text
+
+
+def _size(name: str) -> str:
+    """SIZE_PATTERN with its groups renamed, so several sizes can live in one pattern."""
+    return SIZE_PATTERN.replace("?P<number>", f"?P<{name}_n>").replace("?P<unit>", f"?P<{name}_u>")
+
+
+_TORCH_OOM = re.compile(r"CUDA out of memory\.|OutOfMemoryError", re.IGNORECASE)
+_REQUESTED = re.compile(r"Tried to allocate " + _size("v"))
+_GPU_INDEX = re.compile(r"\(GPU (\d+);|GPU (\d+) has a total capac")
+_TOTAL_OLD = re.compile(_size("v") + r" total capac(?:ity|ty)\b")
+_TOTAL_NEW = re.compile(r"total capac(?:ity|ty) of " + _size("v"))
+_ALLOCATED_OLD = re.compile(_size("v") + r" already allocated")
+_FREE_OLD = re.compile(_size("v") + r" free[;)]")
+_FREE_NEW = re.compile(r"of which " + _size("v") + r" is free")
+_RESERVED_OLD = re.compile(_size("v") + r" reserved in total by PyTorch", re.IGNORECASE)
+# 1.0-1.3 printed `cached` as the cached-but-unallocated part (it can be below `allocated`).
+_CACHED_OLD = re.compile(_size("v") + r" cached\)")
+_ALLOCATED_NEW = re.compile(r"Of the allocated memory " + _size("v") + r" is allocated by PyTorch")
+_PRIVATE_POOL = re.compile(r"with " + _size("v") + r" allocated in private pools")
+_UNALLOCATED_NEW = re.compile(_size("v") + r" is reserved by PyTorch but unallocated")
+_THIS_PROCESS = re.compile(r"this process has " + _size("v") + r" memory in use")
+_OTHER_PROCESS = re.compile(r"Process (?P<pid>\d+) has " + _size("v") + r" memory in use")
+_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF)\b(?:=([\w:,.]*\w))?")
+_MAX_SPLIT_HINT = re.compile(r"max_split_size_mb")
+
+_XLA = re.compile(r"RESOURCE_EXHAUSTED|Resource exhausted", re.IGNORECASE)
+_XLA_REQUEST = re.compile(r"(?:trying to allocate|allocating) (\d+) bytes")
+_NCCL = re.compile(r"NCCL WARN Cuda failure (?:\d+ )?'out of memory'")
+_NCCL_REQUEST = re.compile(r"Failed to CUDA calloc (?:async )?(\d+) bytes")
+_CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
+_CUDNN = re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)", re.IGNORECASE)
+_CUDA_RUNTIME = re.compile(
+    r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+)
+_HOST_RAM = re.compile(
+    r"Detected \d+ oom[-_]kill event"
+    r"|oom[-_]kill event"
+    r"|: tasks? [\d\-,]+: Out Of Memory"
+    r"|Out of memory: Kill(?:ed)? process \d+"
+    r"|Memory cgroup out of memory"
+    r"|DataLoader worker \(pids?(?:\(s\))? [\d, ]+\) is killed by signal: Killed"
+    r"|\bKilled process \d+ \("
+    r"|(?P<sigkill>"
+    r"^\s*Killed\s*$"
+    r"|line \d+:\s+\d+ Killed\b"
+    r"|: tasks? [\d\-,]+: Killed\b"
+    r"|exitcode\s*:\s*-9\b"
+    r"|failed \(exitcode: -9\)"
+    r"|Signal 9 \(SIGKILL\) received"
+    r")",
+    re.MULTILINE,
+)
+_HOST_RAM_COUNT = re.compile(r"Detected (\d+) oom[-_]kill event")
+
+
+def detect_family(text: str) -> OomFamily | None:
+    """Which OOM family a line belongs to, or None if it reports no out-of-memory."""
+    if _HOST_RAM.search(text):
+        return OomFamily.HOST_RAM
+    if _NCCL.search(text):
+        return OomFamily.NCCL
+    if _CUBLAS.search(text):
+        return OomFamily.CUBLAS
+    if _CUDNN.search(text):
+        return OomFamily.CUDNN
+    if _TORCH_OOM.search(text):
+        return OomFamily.TORCH_ALLOCATOR
+    if _XLA.search(text) and "memory" in text.lower():
+        return OomFamily.XLA
+    if _CUDA_RUNTIME.search(text):
+        return OomFamily.CUDA_RUNTIME
+    return None
+
+
+def parse_oom(text: str) -> OomReport | None:
+    """The OOM report in `text` (one message, possibly with lines that follow it), or None."""
+    text = text[:MAX_MESSAGE_CHARS]
+    family = detect_family(text)
+    if family is None:
+        return None
+    message = _first_matching_line(text, family)
+    if family is OomFamily.TORCH_ALLOCATOR:
+        return _torch_report(message)
+    if family is OomFamily.XLA:
+        return OomReport(family=family, message=message, requested_bytes=_int(_XLA_REQUEST, text))
+    if family is OomFamily.NCCL:
+        return OomReport(family=family, message=message, requested_bytes=_int(_NCCL_REQUEST, text))
+    return OomReport(family=family, message=message)
+
+
+def _first_matching_line(text: str, family: OomFamily) -> str:
+    for line in text.splitlines():
+        if detect_family(line) is family:
+            return line.strip()
+    return text.strip()
+
+
+def _torch_report(message: str) -> OomReport:
+    allocated_old = _bytes(_ALLOCATED_OLD, message)
+    reserved_old = _bytes(_RESERVED_OLD, message)
+    allocated_new = _bytes(_ALLOCATED_NEW, message)
+    unallocated_new = _bytes(_UNALLOCATED_NEW, message)
+    allocated = allocated_new if allocated_new is not None else allocated_old
+    cached_unallocated = _bytes(_CACHED_OLD, message)
+    if unallocated_new is None:
+        unallocated_new = cached_unallocated
+    if unallocated_new is not None:
+        unallocated: int | None = unallocated_new
+        reserved = None if allocated is None else allocated + unallocated_new
+    else:
+        reserved = reserved_old
+        unallocated = (
+            None if reserved_old is None or allocated is None else max(0, reserved_old - allocated)
+        )
+    conf = _ALLOC_CONF.search(message)
+    gpu = _GPU_INDEX.search(message)
+    free_new = _bytes(_FREE_NEW, message)
+    total_new = _bytes(_TOTAL_NEW, message)
+    return OomReport(
+        family=OomFamily.TORCH_ALLOCATOR,
+        message=message,
+        requested_bytes=_bytes(_REQUESTED, message),
+        total_bytes=total_new if total_new is not None else _bytes(_TOTAL_OLD, message),
+        free_bytes=free_new if free_new is not None else _bytes(_FREE_OLD, message),
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        reserved_unallocated_bytes=unallocated,
+        process_in_use_bytes=_bytes(_THIS_PROCESS, message),
+        private_pool_bytes=_bytes(_PRIVATE_POOL, message),
+        gpu_index=None if gpu is None else int(gpu.group(1) or gpu.group(2)),
+        other_processes=tuple(
+            OtherProcess(pid=int(m.group("pid")), bytes=size_from_parts(m["v_n"], m["v_u"]))
+            for m in _OTHER_PROCESS.finditer(message)
+        ),
+        alloc_conf=None if conf is None else conf.group(2),
+        alloc_conf_var=None if conf is None else conf.group(1),
+        suggests_max_split=_MAX_SPLIT_HINT.search(message) is not None,
+    )
+
+
+def host_ram_is_certain(text: str) -> bool:
+    """True when a host-RAM line names the OOM killer; False for a bare SIGKILL."""
+    return any(match.group("sigkill") is None for match in _HOST_RAM.finditer(text))
+
+
+def oom_kill_count(text: str) -> int | None:
+    """N of slurmstepd's `Detected N oom_kill event(s)`, when the line says it."""
+    match = _HOST_RAM_COUNT.search(text)
+    return None if match is None else int(match.group(1))
+
+
+def _bytes(pattern: re.Pattern[str], text: str) -> int | None:
+    match = pattern.search(text)
+    return None if match is None else size_from_parts(match["v_n"], match["v_u"])
+
+
+def _int(pattern: re.Pattern[str], text: str) -> int | None:
+    match = pattern.search(text)
+    return None if match is None else int(match.group(1))
