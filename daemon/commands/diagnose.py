@@ -1,0 +1,229 @@
+"""`slurm-medic diagnose`: what killed this job, from its log files or from the local cluster.
+
+Exit codes:
+  0  a verdict was printed (whatever its kind, `unknown` included)
+  2  usage error (no log and no job id, both, a bad step pattern)
+  3  a log could not be read (missing, a FIFO, a symlink without --follow-symlinks, no rights)
+  4  the Slurm layer could not answer for the job id
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
+from daemon.evidence.joblog import LogReadError, scan_log
+from daemon.evidence.records import Evidence, LogFindings
+from daemon.evidence.units import format_size
+from daemon.slurm.errors import SlurmError
+from daemon.slurm.records import SlurmJob
+
+EXIT_UNREADABLE = 3
+EXIT_SLURM = 4
+
+_NEXT_MOVES = {
+    FailureKind.HARDWARE: "Drain the node (reason prefixed `medic:`) and relaunch excluding it.",
+    FailureKind.COTENANT: "Exclude the node, report the process; do not cut the batch.",
+    FailureKind.HOST_RAM: "Fewer data loader workers or smaller host buffers; keep the model.",
+    FailureKind.FRAGMENTATION: (
+        "PYTORCH_ALLOC_CONF=expandable_segments:True, then max_split_size_mb near the largest"
+        " recurring temporary, then garbage_collection_threshold. No batch cut."
+    ),
+    FailureKind.TRUE_OOM: (
+        "Micro-batch down with grad-accum up (global batch kept), then selective recompute,"
+        " then full recompute, then more sharding."
+    ),
+    FailureKind.WORKSPACE_SPIKE: (
+        "Less sequence pressure in the heavy-kernel layers, or recompute of that module."
+    ),
+    FailureKind.OPTIMIZER_BURST: (
+        "Partition the optimizer state (distributed optimizer / ZeRO-1) or an 8-bit optimizer."
+    ),
+    FailureKind.EVAL_GROWTH: "Smaller eval batch, eval_accumulation_steps, an explicit KV cap.",
+    FailureKind.NOT_OOM: "Not out of memory: nothing to propose; read the failure above.",
+    FailureKind.UNKNOWN: "Nothing to propose on this evidence.",
+}
+
+
+@click.command("diagnose")
+@click.argument("job_id", required=False)
+@click.option(
+    "--log",
+    "logs",
+    multiple=True,
+    type=click.Path(dir_okay=True, path_type=str),
+    help="A job log to read (repeat for several; e.g. one per rank).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--step-pattern", help="Regex whose first group is the training step.")
+@click.option("--follow-symlinks", is_flag=True, help="Read a log given through a symlink.")
+def diagnose_command(
+    job_id: str | None,
+    logs: tuple[str, ...],
+    as_json: bool,
+    step_pattern: str | None,
+    follow_symlinks: bool,
+) -> None:
+    """Diagnose a dead job: from --log FILE(s) offline, or from JOBID on the local cluster."""
+    if bool(job_id) == bool(logs):
+        raise click.UsageError("give either JOBID or at least one --log FILE")
+    if step_pattern is not None:
+        try:
+            if re.compile(step_pattern).groups < 1:
+                raise click.UsageError("--step-pattern needs a group capturing the step")
+        except re.error as error:
+            raise click.UsageError(f"--step-pattern is not a regex: {error}") from error
+    job: SlurmJob | None = None
+    if job_id:
+        job = _job(job_id)
+        paths = [path for path in (job.stdout_path, job.stderr_path) if path]
+        if not paths:
+            _fail(f"job {job.display_id} has no known output file", EXIT_SLURM)
+        logs = tuple(dict.fromkeys(paths))
+    findings = [_scan(path, step_pattern, follow_symlinks) for path in logs]
+    verdict = diagnose(Evidence(log=merge_findings(findings), job=job), History())
+    if as_json:
+        click.echo(json.dumps(diagnosis_json(verdict), indent=2))
+    else:
+        _print_human(verdict)
+
+
+def _job(job_id: str) -> SlurmJob:
+    from daemon.slurm.backend import SlurmCli  # noqa: PLC0415  (only the JOBID path needs Slurm)
+
+    try:
+        return SlurmCli().job(job_id)
+    except (SlurmError, ValueError) as error:
+        _fail(f"cannot get job {job_id} from Slurm: {error}", EXIT_SLURM)
+
+
+def _scan(path: str, step_pattern: str | None, follow_symlinks: bool) -> LogFindings:
+    try:
+        return scan_log(path, step_pattern=step_pattern, follow_symlinks=follow_symlinks)
+    except LogReadError as error:
+        _fail(str(error), EXIT_UNREADABLE)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"slurm-medic diagnose: {message}", err=True)
+    raise SystemExit(code)
+
+
+def merge_findings(findings: Sequence[LogFindings]) -> LogFindings:
+    """Several logs of one job (stdout and stderr, or one per rank): the most telling wins.
+
+    A log with an OOM report beats one with only a failure line, which beats one with nothing;
+    the missing node and step are then filled from the others.
+    """
+    if not findings:
+        return LogFindings()
+    ranked = sorted(
+        findings,
+        key=lambda f: (f.oom is not None, f.root_failure_line is not None),
+        reverse=True,
+    )
+    best = ranked[0]
+    others = ranked[1:]
+    node = best.node or next((f.node for f in others if f.node), None)
+    step = best.step if best.step is not None else next((f.step for f in others if f.step), None)
+    steps = [f.max_step_seen for f in findings if f.max_step_seen is not None]
+    notes = tuple(note for f in findings for note in f.notes)
+    return LogFindings(
+        rank=best.rank,
+        node=node,
+        step=step,
+        max_step_seen=max(steps) if steps else None,
+        phase=best.phase,
+        frames=best.frames,
+        heavy_kernels=best.heavy_kernels,
+        oom=best.oom,
+        root_failure_line=best.root_failure_line,
+        cascade_ranks=best.cascade_ranks,
+        exit_code=best.exit_code,
+        killed_by_signal=best.killed_by_signal,
+        notes=notes,
+        error_type=best.error_type,
+        job_pids=tuple(sorted({pid for f in findings for pid in f.job_pids})),
+        traceback_seen=best.traceback_seen,
+        bytes_scanned=sum(f.bytes_scanned for f in findings),
+    )
+
+
+def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
+    """The `--json` object; every number in bytes, null where the message did not give it."""
+    oom = verdict.oom
+    return {
+        "kind": verdict.kind.value,
+        "onset": verdict.onset.value if verdict.onset else None,
+        "mid_run_cause": verdict.mid_run_cause.value if verdict.mid_run_cause else None,
+        "confidence": verdict.confidence.value,
+        "reasons": list(verdict.reasons),
+        "rank": verdict.rank,
+        "node": verdict.node,
+        "step": verdict.step,
+        "phase": verdict.phase.value,
+        "bad_nodes": list(verdict.bad_nodes),
+        "cotenant_pids": list(verdict.cotenant_pids),
+        "oom": None
+        if oom is None
+        else {
+            "family": oom.family.value,
+            "requested_bytes": oom.requested_bytes,
+            "total_bytes": oom.total_bytes,
+            "free_bytes": oom.free_bytes,
+            "allocated_bytes": oom.allocated_bytes,
+            "reserved_bytes": oom.reserved_bytes,
+            "reserved_unallocated_bytes": oom.reserved_unallocated_bytes,
+            "process_in_use_bytes": oom.process_in_use_bytes,
+            "private_pool_bytes": oom.private_pool_bytes,
+            "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in oom.other_processes],
+            "gpu_index": oom.gpu_index,
+        },
+    }
+
+
+def _print_human(verdict: Diagnosis) -> None:
+    console = Console(highlight=False, soft_wrap=True)
+    headline = verdict.kind.value
+    if verdict.onset:
+        headline += f" ({verdict.onset.value}"
+        headline += f", {verdict.mid_run_cause.value})" if verdict.mid_run_cause else ")"
+    console.print(f"[bold]{escape(headline)}[/bold]  confidence {verdict.confidence.value}")
+    where = [
+        f"{label} {value}"
+        for label, value in (
+            ("rank", verdict.rank),
+            ("node", verdict.node),
+            ("step", verdict.step),
+            ("phase", verdict.phase.value),
+        )
+        if value is not None
+    ]
+    console.print(escape(", ".join(where)))
+    console.print("\n[bold]Why[/bold]")
+    for reason in verdict.reasons:
+        console.print(f"  - {escape(reason)}")
+    if verdict.oom is not None:
+        console.print("\n[bold]Numbers[/bold]")
+        oom = verdict.oom
+        for label, value in (
+            ("requested", oom.requested_bytes),
+            ("total", oom.total_bytes),
+            ("free", oom.free_bytes),
+            ("allocated", oom.allocated_bytes),
+            ("reserved but unallocated", oom.reserved_unallocated_bytes),
+            ("this process in use", oom.process_in_use_bytes),
+        ):
+            if value is not None:
+                console.print(f"  {label}: {format_size(value)} ({value} bytes)")
+        for process in oom.other_processes:
+            console.print(f"  process {process.pid}: {format_size(process.bytes)}")
+    console.print("\n[bold]What to do[/bold]")
+    console.print(f"  {escape(_NEXT_MOVES[verdict.kind])}")
