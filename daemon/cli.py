@@ -7,6 +7,7 @@ import click
 from daemon import __version__
 from daemon.commands.db import db
 from daemon.commands.diagnose import diagnose_command
+from daemon.commands.template import template_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,3 +19,4 @@ def main() -> None:
 # Command registrations (one import and one add_command per area).
 main.add_command(db)
 main.add_command(diagnose_command)
+main.add_command(template_group)

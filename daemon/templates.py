@@ -19,17 +19,18 @@ import json
 import re
 import shlex
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ClusterShell.NodeSet import NodeSet, NodeSetException
 from jinja2 import StrictUndefined
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.dialects import get_dialect
-from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue
+from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue, Role
 
 TEMPLATE_FILE = "template.toml"
 REVISIONS_DIR = "revisions"
@@ -189,7 +190,7 @@ def render(template: LaunchTemplate, knobs: Knobs | None = None) -> str:
         context = {
             "sbatch_header": _sbatch_header(template, values),
             "env_exports": _env_exports(dialect, values),
-            "train_args": shell_join(dialect.render_args(values)),
+            "train_args": _args_block(dialect.render_args(values)),
             "config_json": ShellSafe(dialect.render_config(values, template.config_base) or ""),
             "knobs": dict(values),
             "vars": dict(template.variables),
@@ -205,8 +206,21 @@ def _sbatch_header(template: LaunchTemplate, knobs: Knobs) -> ShellSafe:
     lines = [f"#SBATCH --nodes={nodes}", f"#SBATCH --gres=gpu:{gpus}"]
     if isinstance(exclude, tuple) and exclude:
         lines.append(f"#SBATCH --exclude={','.join(str(node) for node in exclude)}")
-    lines += [f"#SBATCH --{key}={value}" for key, value in template.sbatch]
+    lines += [
+        f"#SBATCH --{key}={value}" if value else f"#SBATCH --{key}"
+        for key, value in template.sbatch
+    ]
     return ShellSafe("\n".join(lines))
+
+
+def _args_block(args: Sequence[str]) -> ShellSafe:
+    """One flag and its values per line, so a revision's diff shows exactly the knob that moved."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([])
+        groups[-1].append(arg)
+    return ShellSafe(" \\\n    ".join(shell_join(group) for group in groups))
 
 
 def _env_exports(dialect: Dialect, knobs: Knobs) -> ShellSafe:
@@ -241,6 +255,8 @@ def _sbatch_option(key: str, value: object) -> tuple[str, str]:
         raise TemplateError(f"[sbatch] {key!r} is not an sbatch long option name")
     if key in _KNOB_OWNED_OPTIONS:
         raise TemplateError(f"[sbatch] {key} is set by the knobs (nodes, gpus_per_node, exclude)")
+    if value is True:
+        return key, ""
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not _SBATCH_VALUE.match(text):
         raise TemplateError(
@@ -527,8 +543,8 @@ def toml_value(value: object) -> str:
     """A TOML literal for the simple values templates hold (JSON strings are TOML strings)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=True)
     if isinstance(value, list | tuple):
@@ -563,7 +579,8 @@ def template_toml(
     env = knobs.get("env", ())
     if isinstance(env, tuple):
         lines += [f"{pair[0]} = {toml_value(pair[1])}" for pair in env if isinstance(pair, tuple)]
-    lines += ["", "[sbatch]"] + [f"{key} = {toml_value(value)}" for key, value in sbatch]
+    lines += ["", "[sbatch]"]
+    lines += [f"{key} = {toml_value(value or True)}" for key, value in sbatch]
     lines += ["", "[vars]"] + [f"{key} = {toml_value(value)}" for key, value in variables]
     if config_base:
         lines += ["", "[config_base]"]
@@ -599,3 +616,413 @@ def parse_knob_text(dialect: Dialect, knob: str, text: str) -> KnobValue:
     else:
         value = text
     return spec.validate(value)
+
+
+# ---------------------------------------------------------------- importing a script
+
+_SHORT_OPTIONS = {
+    "-N": "nodes",
+    "-J": "job-name",
+    "-t": "time",
+    "-p": "partition",
+    "-o": "output",
+    "-e": "error",
+    "-x": "exclude",
+    "-A": "account",
+    "-n": "ntasks",
+    "-c": "cpus-per-task",
+    "-G": "gpus",
+    "-q": "qos",
+}
+_GPU_COUNT = re.compile(r"^(?:gpu:)?(?:[A-Za-z0-9_.-]+:)?(\d+)$")
+_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config")
+_CHECKPOINT_FLAGS = {
+    "hf": ("--output_dir",),
+    "megatron": ("--save",),
+    "deepspeed": ("--save_dir", "--output_dir"),
+    "torchrun": (),
+}
+_CHECKPOINT_LAYOUTS = {
+    "hf": CheckpointLayout.HF,
+    "megatron": CheckpointLayout.MEGATRON,
+    "deepspeed": CheckpointLayout.DEEPSPEED,
+    "torchrun": CheckpointLayout.DCP,
+}
+_LAUNCHERS = frozenset({"srun", "torchrun", "deepspeed", "python", "python3", "accelerate"})
+SCRIPT_FILE = "job.sbatch.j2"
+
+
+@dataclass(frozen=True)
+class Recognised:
+    """A knob read from the script, and the line it came from."""
+
+    knob: str
+    value: KnobValue
+    source: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """An imported template and the account of what was recognised, defaulted and kept as is."""
+
+    template: LaunchTemplate
+    toml_text: str
+    script_source: str
+    recognised: tuple[Recognised, ...]
+    defaulted: tuple[str, ...]
+    kept: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass
+class _Importer:
+    dialect: Dialect
+    read_file: Callable[[str], str] | None
+    knobs: dict[str, KnobValue] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    sbatch: list[tuple[str, str]] = field(default_factory=list)
+    recognised: list[Recognised] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    config_base: dict[str, object] = field(default_factory=dict)
+    checkpoint_root: str | None = None
+
+    def take(self, knob: str, value: KnobValue, source: str) -> None:
+        self.knobs[knob] = value
+        self.recognised.append(Recognised(knob, value, source))
+
+    def take_text(self, knob: str, text: str, source: str) -> bool:
+        try:
+            self.take(knob, parse_knob_text(self.dialect, knob, text), source)
+        except KnobError as error:
+            self.notes.append(f"{source}: {error}")
+            return False
+        return True
+
+
+def import_script(
+    text: str,
+    *,
+    dialect_name: str,
+    name: str,
+    read_file: Callable[[str], str] | None = None,
+) -> ImportResult:
+    """Turn an sbatch script into a template by recognising the dialect's flags and variables.
+
+    Recognised knobs are replaced by their rendered form; everything else is kept verbatim and
+    listed, so nothing the script did is silently lost. `read_file` resolves a DeepSpeed config
+    path named in the script (relative paths as the caller sees fit).
+    """
+    if "\0" in text or len(text) > _MAX_SCRIPT_BYTES:
+        raise TemplateError("not a script: binary content or over 1 MB")
+    dialect = get_dialect(dialect_name)
+    importer = _Importer(dialect, read_file)
+    lines = _logical_lines(text.replace("\r\n", "\n"))
+    header: list[str] = []
+    prelude: list[str] = []
+    epilogue: list[str] = []
+    launch: str | None = None
+    for number, line in lines:
+        stripped = line.strip()
+        where = f"line {number}"
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        if stripped.startswith("#SBATCH"):
+            if not _sbatch_line(importer, stripped, where):
+                header.append(line)
+            continue
+        if (
+            launch is None
+            and stripped.startswith("export ")
+            and _export_line(importer, line, where)
+        ):
+            continue
+        if launch is None and _is_launch(importer.dialect, stripped):
+            launch = _launch_line(importer, stripped, where)
+            continue
+        (prelude if launch is None else epilogue).append(line)
+    if launch is None:
+        raise TemplateError(
+            f"no launch line with {dialect.title} flags found; flags kept in a shell variable "
+            "(e.g. $OPTIONS) are not followed: write them on the launch line"
+        )
+    for line in header + prelude + epilogue:
+        if line.strip() and not line.strip().startswith("#"):
+            importer.kept.append(f"kept verbatim: {line.strip()[:120]}")
+    defaulted = _fill_defaults(importer)
+    importer.knobs["env"] = dialect.spec("env").validate(importer.env)
+    checkpoint = None
+    if importer.checkpoint_root:
+        checkpoint = CheckpointSpec(_CHECKPOINT_LAYOUTS[dialect.name], importer.checkpoint_root)
+    else:
+        importer.notes.append("checkpoint location not recognised: add a [checkpoint] table")
+    script = _imported_script(dialect, header, prelude, launch, epilogue)
+    toml_text = template_toml(
+        name=name,
+        dialect=dialect.name,
+        script=SCRIPT_FILE,
+        knobs=importer.knobs,
+        sbatch=importer.sbatch,
+        variables=(),
+        config_base=importer.config_base,
+        checkpoint=checkpoint,
+    )
+    template = parse_template(tomllib.loads(toml_text), script)
+    return ImportResult(
+        template=template,
+        toml_text=toml_text,
+        script_source=script,
+        recognised=tuple(importer.recognised),
+        defaulted=tuple(defaulted),
+        kept=tuple(importer.kept),
+        notes=tuple(importer.notes),
+    )
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Lines with backslash continuations joined, each with its first physical line number."""
+    result: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 1
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not pending:
+            start = number
+        if line.endswith("\\") and not line.lstrip().startswith("#"):
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        result.append(
+            (start, " ".join(part.strip() if i else part for i, part in enumerate(pending)))
+        )
+        pending = []
+    if pending:
+        result.append((start, " ".join(pending)))
+    if result and result[-1][1] == "":
+        result.pop()
+    return result
+
+
+def _split(text: str) -> list[str] | None:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:
+        return None
+
+
+def _sbatch_line(importer: _Importer, line: str, where: str) -> bool:
+    """Take a `#SBATCH` line into knobs/options; False when it must be kept verbatim."""
+    tokens = _split(line.removeprefix("#SBATCH"))
+    if not tokens or not tokens[0].startswith("-"):
+        return False
+    option, _, value = tokens[0].partition("=")
+    if not value and len(tokens) > 1:
+        value = tokens[1]
+    key = _SHORT_OPTIONS.get(option, option.removeprefix("--"))
+    if len(tokens) == 1 and not value and _SBATCH_KEY.match(key) and key not in _KNOB_OWNED_OPTIONS:
+        importer.sbatch.append((key, ""))
+        return True
+    if key == "nodes":
+        return importer.take_text("nodes", value, f"{where}: #SBATCH {tokens[0]}")
+    if key in {"gres", "gpus-per-node"}:
+        match = _GPU_COUNT.match(value)
+        if match:
+            importer.take("gpus_per_node", int(match.group(1)), f"{where}: #SBATCH --{key}")
+            return True
+        return False
+    if key == "exclude":
+        return _exclude(importer, value, where)
+    if _SBATCH_KEY.match(key) and value and _SBATCH_VALUE.match(value) and len(tokens) <= 2:
+        importer.sbatch.append((key, value))
+        return True
+    importer.kept.append(f"{where}: #SBATCH {key} kept verbatim (value needs quoting)")
+    return False
+
+
+def _exclude(importer: _Importer, value: str, where: str) -> bool:
+    try:
+        nodes = list(NodeSet(value))
+    except NodeSetException as error:
+        importer.notes.append(f"{where}: exclude list {value!r} not understood: {error}")
+        return False
+    importer.take("exclude", importer.dialect.spec("exclude").validate(nodes), f"{where}: exclude")
+    return True
+
+
+def _export_line(importer: _Importer, line: str, where: str) -> bool:
+    tokens = _split(line)
+    if not tokens or len(tokens) != 2 or "=" not in tokens[1] or any(c in line for c in "$`"):
+        return False
+    variable, _, value = tokens[1].partition("=")
+    knob = importer.dialect.recognise_env.get(variable)
+    if knob is not None:
+        return importer.take_text(knob, value, f"{where}: export {variable}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable) or any(ord(c) < 32 for c in value):
+        return False
+    importer.env[variable] = value
+    importer.recognised.append(Recognised("env", ((variable, value),), f"{where}: export"))
+    return True
+
+
+def _is_launch(dialect: Dialect, line: str) -> bool:
+    tokens = _split(line)
+    if not tokens:
+        return False
+    flags = {token.partition("=")[0] for token in tokens}
+    if flags & set(dialect.recognise_flags) or flags & set(_CONFIG_FLAGS):
+        return True
+    return dialect.name == "torchrun" and bool({"torchrun", "srun"} & set(tokens))
+
+
+def _launch_line(importer: _Importer, line: str, where: str) -> str:
+    """Recognise the launch command's knob flags; return the Jinja line that replaces it."""
+    tokens = _split(line) or []
+    program = next((i for i, token in enumerate(tokens) if token.endswith(".py")), None)
+    if program is None:
+        program = (
+            next((i for i, token in enumerate(tokens) if token.startswith("--")), len(tokens)) - 1
+        )
+    head, rest = tokens[: program + 1], tokens[program + 1 :]
+    extra: list[str] = []
+    index = 0
+    while index < len(rest):
+        token = rest[index]
+        flag, equals, inline = token.partition("=")
+        values: list[str] = [inline] if equals else []
+        index += 1
+        if not equals:
+            while index < len(rest) and not rest[index].startswith("--"):
+                values.append(rest[index])
+                index += 1
+        consumed = _launch_flag(importer, flag, values, f"{where}: {flag}")
+        if consumed is None:
+            extra += [token] if equals else [token, *values]
+        elif consumed < len(values):
+            extra += values[consumed:]
+    return " ".join(_requote(part) for part in [*head, *extra])
+
+
+def _launch_flag(importer: _Importer, flag: str, values: list[str], source: str) -> int | None:
+    """How many of `values` the flag consumed when recognised, None to keep it verbatim."""
+    dialect = importer.dialect
+    if flag in _CHECKPOINT_FLAGS[dialect.name] and values and _SAFE_WORD.match(values[0]):
+        importer.checkpoint_root = values[0]
+        return None
+    if dialect.name == "deepspeed" and flag in _CONFIG_FLAGS and values:
+        _deepspeed_config(importer, values[0], source)
+        return 1
+    knob = dialect.recognise_flags.get(flag)
+    if knob is None:
+        return None
+    spec = dialect.spec(knob)
+    if any("$" in value or "`" in value for value in values):
+        importer.notes.append(f"{source}: value is a shell expansion, kept verbatim")
+        return None
+    if spec.kind is KnobKind.BOOL:
+        if values and values[0].lower() in {"true", "false", "1", "0"}:
+            return 1 if importer.take_text(knob, values[0], source) else None
+        importer.take(knob, True, source)
+        return 0
+    if spec.kind is KnobKind.NAMES:
+        return len(values) if importer.take_text(knob, " ".join(values), source) else None
+    if not values:
+        importer.notes.append(f"{source}: flag without a value, kept verbatim")
+        return None
+    return 1 if importer.take_text(knob, values[0], source) else None
+
+
+def _deepspeed_config(importer: _Importer, path: str, source: str) -> None:
+    if importer.read_file is None:
+        importer.notes.append(f"{source}: config {path!r} not read (no reader given)")
+        return
+    try:
+        config = json.loads(importer.read_file(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        importer.notes.append(f"{source}: cannot read DeepSpeed config {path!r}: {error}")
+        return
+    if not isinstance(config, dict):
+        importer.notes.append(f"{source}: DeepSpeed config {path!r} is not an object")
+        return
+    where = f"{source} {path}"
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        value = config.pop(key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            importer.take(key, value, f"{where}: {key}")
+        elif value is not None:
+            importer.notes.append(f"{where}: {key} = {value!r} not a number ('auto'?); defaulted")
+    declared = config.pop("train_batch_size", None)
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        zero = dict(zero)
+        stage = zero.pop("stage", None)
+        if isinstance(stage, int):
+            importer.take("zero_stage", stage, f"{where}: zero_optimization.stage")
+        for key in ("offload_optimizer", "offload_param"):
+            offload = zero.pop(key, None)
+            if isinstance(offload, dict) and isinstance(offload.get("device"), str):
+                importer.take_text(key, offload["device"], f"{where}: {key}.device")
+        config["zero_optimization"] = zero
+    importer.config_base = config
+    if isinstance(declared, int):
+        importer.notes.append(
+            f"{where}: train_batch_size {declared} is now computed from micro x accum x GPUs"
+        )
+
+
+def _fill_defaults(importer: _Importer) -> list[str]:
+    dialect = importer.dialect
+    defaulted = []
+    for spec in dialect.knobs:
+        if spec.name in importer.knobs or spec.name == "env":
+            continue
+        importer.knobs[spec.name] = dialect.defaults[spec.name]
+        defaulted.append(spec.name)
+    if dialect.global_batch_fixed:
+        global_knob = dialect.roles[Role.GLOBAL_BATCH]
+        if global_knob in defaulted:
+            micro = importer.knobs[dialect.roles[Role.MICRO_BATCH]]
+            nodes, gpus = importer.knobs["nodes"], importer.knobs["gpus_per_node"]
+            if isinstance(micro, int) and isinstance(nodes, int) and isinstance(gpus, int):
+                importer.knobs[global_knob] = micro * nodes * gpus
+                importer.notes.append(f"{global_knob} not found: set to micro x GPUs (accum 1)")
+    return defaulted
+
+
+def _requote(token: str) -> str:
+    """A word of the user's own script, quoted back so that its `$VAR`s still expand."""
+    if _SAFE_WORD.match(token) and token:
+        return token
+    if "$" in token and not any(char in token for char in '"\\`'):
+        return f'"{token}"'
+    return shlex.quote(token)
+
+
+def _literal(text: str) -> str:
+    """Script text carried into a template, protected from Jinja."""
+    if not any(marker in text for marker in ("{{", "{%", "{#")):
+        return text
+    if "endraw" in text:
+        raise TemplateError("the script contains Jinja `endraw`: cannot import it safely")
+    return "{% raw %}" + text + "{% endraw %}"
+
+
+def _imported_script(
+    dialect: Dialect, header: list[str], prelude: list[str], launch: str, epilogue: list[str]
+) -> str:
+    """The template script: the user's own lines protected from Jinja, ours around them."""
+    parts = ["#!/bin/bash", "{{ sbatch_header }}", *map(_literal, header)]
+    parts += ["# Imported by slurm-medic: knobs live in template.toml.", *map(_literal, prelude)]
+    parts += ["{{ env_exports }}"]
+    if dialect.name == "deepspeed":
+        parts += [
+            'DS_CONFIG="${TMPDIR:-/tmp}/ds_config.${SLURM_JOB_ID}.json"',
+            "cat > \"$DS_CONFIG\" <<'MEDIC_DS_CONFIG'",
+            "{{ config_json }}",
+            "MEDIC_DS_CONFIG",
+            _literal(launch)
+            + ' \\\n    --deepspeed_config "$DS_CONFIG"'
+            + "{% if train_args %} \\\n    {{ train_args }}{% endif %}",
+        ]
+    else:
+        parts += [_literal(launch) + "{% if train_args %} \\\n    {{ train_args }}{% endif %}"]
+    parts += map(_literal, epilogue)
+    return "\n".join(parts) + "\n"

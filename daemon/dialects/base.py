@@ -72,9 +72,15 @@ class KnobSpec:
     minimum: int | None = None
     maximum: int | None = None
     choices: tuple[str, ...] = ()
+    unset: int | str | None = None  # the value meaning "not set in the script": not rendered
+
+    def is_set(self, value: KnobValue) -> bool:
+        return self.unset is None or value != self.unset or isinstance(value, bool)
 
     def validate(self, value: object) -> KnobValue:
         """Check and normalise one value (lists become tuples, env maps sorted pairs)."""
+        if self.unset is not None and value == self.unset and not isinstance(value, bool):
+            return self.unset
         if self.kind is KnobKind.INT:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise KnobError(f"{self.name}: expected an integer, got {value!r}")

@@ -51,10 +51,10 @@ def _config(knobs: Knobs, base: Mapping[str, object]) -> str | None:
 
 
 def _args(knobs: Knobs) -> tuple[str, ...]:
+    workers = integer(knobs, "num_workers")
     args = [
         *flag_if(bool(knobs["gradient_checkpointing"]), "--gradient_checkpointing"),
-        "--num_workers",
-        str(integer(knobs, "num_workers")),
+        *flag_if(workers >= 0, "--num_workers", str(workers)),
     ]
     resume = text(knobs, "load_dir")
     args += flag_if(bool(resume), "--load_dir", resume)
@@ -74,7 +74,7 @@ DIALECT = Dialect(
         KnobSpec("offload_optimizer", KnobKind.ENUM, "optimizer state offload", choices=_OFFLOAD),
         KnobSpec("offload_param", KnobKind.ENUM, "parameter offload (stage 3)", choices=_OFFLOAD),
         KnobSpec("gradient_checkpointing", KnobKind.BOOL, "recompute activations (full)"),
-        KnobSpec("num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256),
+        KnobSpec("num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256, unset=-1),
         KnobSpec("load_dir", KnobKind.TEXT, "checkpoint directory to resume from"),
         KnobSpec("load_tag", KnobKind.TEXT, "checkpoint tag (empty: the `latest` file)"),
     ),
@@ -96,7 +96,7 @@ DIALECT = Dialect(
         "offload_optimizer": "none",
         "offload_param": "none",
         "gradient_checkpointing": False,
-        "num_workers": 2,
+        "num_workers": -1,
         "load_dir": "",
         "load_tag": "",
     },

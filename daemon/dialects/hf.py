@@ -34,8 +34,10 @@ def _args(knobs: Knobs) -> tuple[str, ...]:
     eval_accumulation = integer(knobs, "eval_accumulation_steps")
     args += flag_if(eval_accumulation > 0, "--eval_accumulation_steps", str(eval_accumulation))
     args += ["--dataloader_num_workers", str(integer(knobs, "dataloader_num_workers"))]
-    args += ["--optim", text(knobs, "optim")]
-    args += ["--max_seq_length", str(integer(knobs, "max_seq_length"))]
+    optimizer = text(knobs, "optim")
+    args += flag_if(bool(optimizer), "--optim", optimizer)
+    sequence = integer(knobs, "max_seq_length")
+    args += flag_if(sequence > 0, "--max_seq_length", str(sequence))
     resume = text(knobs, "resume_from_checkpoint")
     args += flag_if(bool(resume), "--resume_from_checkpoint", resume)
     return tuple(args)
@@ -58,8 +60,8 @@ DIALECT = Dialect(
             "eval_accumulation_steps", KnobKind.INT, "offload eval outputs every N (0: off)", 0
         ),
         KnobSpec("dataloader_num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256),
-        KnobSpec("optim", KnobKind.ENUM, "optimizer", choices=_OPTIMIZERS),
-        KnobSpec("max_seq_length", KnobKind.INT, "tokens per sample", 1, 10_000_000),
+        KnobSpec("optim", KnobKind.ENUM, "optimizer", choices=_OPTIMIZERS, unset=""),
+        KnobSpec("max_seq_length", KnobKind.INT, "tokens per sample (TRL)", 1, 10**7, unset=0),
         KnobSpec("resume_from_checkpoint", KnobKind.TEXT, "checkpoint-N directory to resume"),
     ),
     roles={
@@ -82,8 +84,8 @@ DIALECT = Dialect(
         "per_device_eval_batch_size": 8,
         "eval_accumulation_steps": 0,
         "dataloader_num_workers": 0,
-        "optim": "adamw_torch",
-        "max_seq_length": 1024,
+        "optim": "",
+        "max_seq_length": 0,
         "resume_from_checkpoint": "",
     },
     render_args=_args,

@@ -33,16 +33,28 @@ ENV_NAMES: Mapping[str, str] = {
 }
 
 
+# Knobs a script may not read at all: left out of the environment unless set.
+_OPTIONAL = (
+    KnobSpec("eval_batch_size", KnobKind.INT, "eval batch per GPU", 1, 65536, unset=0),
+    KnobSpec("num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256, unset=-1),
+    KnobSpec("seq_len", KnobKind.INT, "tokens per sample", 1, 10_000_000, unset=0),
+)
+_SPECS = {spec.name: spec for spec in _OPTIONAL}
+
+
 def _env(knobs: Knobs) -> tuple[tuple[str, str], ...]:
     values = {
         "micro_batch_size": str(integer(knobs, "micro_batch_size")),
         "grad_accum_steps": str(integer(knobs, "grad_accum_steps")),
-        "activation_checkpointing": text(knobs, "activation_checkpointing"),
-        "shard_optimizer": "1" if knobs["shard_optimizer"] else "0",
-        "eval_batch_size": str(integer(knobs, "eval_batch_size")),
-        "num_workers": str(integer(knobs, "num_workers")),
-        "seq_len": str(integer(knobs, "seq_len")),
     }
+    recompute = text(knobs, "activation_checkpointing")
+    if recompute != RECOMPUTE_NONE:
+        values["activation_checkpointing"] = recompute
+    if knobs["shard_optimizer"]:
+        values["shard_optimizer"] = "1"
+    for knob in ("eval_batch_size", "num_workers", "seq_len"):
+        if integer(knobs, knob) >= 0 and _SPECS[knob].is_set(knobs[knob]):
+            values[knob] = str(integer(knobs, knob))
     resume = text(knobs, "resume_from")
     if resume:
         values["resume_from"] = resume
@@ -67,9 +79,7 @@ DIALECT = Dialect(
             choices=(RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL),
         ),
         KnobSpec("shard_optimizer", KnobKind.BOOL, "ZeroRedundancyOptimizer / FSDP optimizer"),
-        KnobSpec("eval_batch_size", KnobKind.INT, "eval batch per GPU", 1, 65536),
-        KnobSpec("num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256),
-        KnobSpec("seq_len", KnobKind.INT, "tokens per sample", 1, 10_000_000),
+        *_OPTIONAL,
         KnobSpec("resume_from", KnobKind.TEXT, "DCP checkpoint directory to resume from"),
     ),
     roles={
@@ -89,9 +99,9 @@ DIALECT = Dialect(
         "grad_accum_steps": 1,
         "activation_checkpointing": RECOMPUTE_NONE,
         "shard_optimizer": False,
-        "eval_batch_size": 1,
-        "num_workers": 2,
-        "seq_len": 2048,
+        "eval_batch_size": 0,
+        "num_workers": -1,
+        "seq_len": 0,
         "resume_from": "",
     },
     render_args=lambda _knobs: (),
