@@ -113,6 +113,8 @@ OPTIMIZER_STATE_MAX_STEP = 2
 # A failed request this small, on a full card, late in the run: memory crept up (growth); a
 # large one is a batch bigger than any before (longest batch).
 GROWTH_MAX_REQUEST_SHARE = 0.02
+# Memory neither free nor in PyTorch's cache beyond this share of the card is worth naming.
+OUTSIDE_CACHE_SHARE = 0.25
 # XID codes that mean the GPU or its memory is at fault (fallback when no catalog policy says).
 HARDWARE_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
 
@@ -364,6 +366,13 @@ def _capacity_reasons(oom: OomReport) -> list[str]:
                 f" {unallocated / requested:.1f}x the {format_size(requested)} request, but too"
                 " small a share of the card to be what filled it: not fragmentation"
             )
+    if oom.total_bytes and oom.free_bytes is not None and oom.reserved_bytes is not None:
+        elsewhere = oom.total_bytes - oom.free_bytes - oom.reserved_bytes
+        if elsewhere >= oom.total_bytes * OUTSIDE_CACHE_SHARE:
+            reasons.append(
+                f"{format_size(elsewhere)} of the card was neither free nor in PyTorch's cache:"
+                " another process or non-PyTorch memory held it"
+            )
     if oom.private_pool_bytes:
         reasons.append(
             f"{format_size(oom.private_pool_bytes)} of it sat in private pools (CUDA graphs)"
@@ -466,6 +475,7 @@ def _not_oom(context: _Context) -> Diagnosis | None:
             )
         return None
     reasons = [f"the first failure was not out of memory: {_quote(log.root_failure_line)}"]
+    reasons.extend(note for note in log.notes if note.startswith("only collective"))
     if log.cascade_ranks:
         ranks = ", ".join(str(rank) for rank in log.cascade_ranks)
         reasons.append(f"ranks {ranks} failed after it, as a cascade")

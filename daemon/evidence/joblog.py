@@ -341,18 +341,18 @@ def _collect_backward(
     lines = _lines_backward(
         reader, size, block_size, byte_budget, wants_block=wants_block, progress=progress
     )
-    for offset, line, cut in lines:
-        full = offset >= size - TAIL_FULL_BYTES or (
-            earliest_root is not None and offset >= earliest_root - LOOKBEHIND_BYTES
+    for offset, line_end, line, cut in lines:
+        full = line_end >= size - TAIL_FULL_BYTES or (
+            earliest_root is not None and line_end >= earliest_root - LOOKBEHIND_BYTES
         )
-        if earliest_root is not None and offset < earliest_root - LOOKBEHIND_BYTES:
+        if earliest_root is not None and line_end < earliest_root - LOOKBEHIND_BYTES:
             stopped = True
             break
         if (
             earliest_root is not None
             and traceback_before_root
             and step_before_root
-            and offset < earliest_root - MIN_LOOKBEHIND_BYTES
+            and line_end < earliest_root - MIN_LOOKBEHIND_BYTES
         ):
             stopped = True
             break
@@ -392,8 +392,8 @@ def _lines_backward(
     *,
     wants_block: Callable[[int, bytes], bool],
     progress: list[int],
-) -> Iterator[tuple[int, bytes, bool]]:
-    """Yield (offset, line, was_cut) from the last line to the first, within the budget.
+) -> Iterator[tuple[int, int, bytes, bool]]:
+    """Yield (start, end, line, was_cut) from the last line to the first, within the budget.
 
     `wants_block(end_offset, data)` says whether a block's lines are needed at all; a block it
     declines is never split, so the bytes far from the failure cost one C-speed test each.
@@ -414,7 +414,7 @@ def _lines_backward(
             pending, pending_tail = _bound_pending(data, pending_tail)
             continue
         pending = data[: first_newline + 1]
-        if not wants_block(start + len(data), data):
+        if pending_tail is None and not wants_block(start + len(data), data):
             pending_tail = None
             continue
         pieces = data[first_newline + 1 :].split(b"\n")
@@ -434,7 +434,8 @@ def _lines_backward(
             if len(piece) > 2 * LINE_KEEP_BYTES:
                 piece = piece[:LINE_KEEP_BYTES] + b" [...] " + piece[-LINE_KEEP_BYTES:]
                 was_cut = True
-            yield offsets[index], piece, was_cut
+            line_end = offsets[index + 1] - 1 if index + 1 < len(offsets) else start + len(data)
+            yield offsets[index], line_end, piece, was_cut
         pending_tail = None
 
 
@@ -676,6 +677,11 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
         {event.rank for event in state.events if event.kind == "cascade" and event.rank is not None}
         - {rank}
     )
+    if root.kind == "cascade":
+        notes.append(
+            "only collective timeouts or errors were found: the rank that stalled first"
+            " left no error in this log"
+        )
     if state.rank_from_local_prefix:
         notes.append("ranks from torchrun's [defaultN] prefix are local ranks on their node")
     return LogFindings(

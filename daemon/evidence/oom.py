@@ -22,6 +22,7 @@ from daemon.evidence.records import OomFamily, OomReport, OtherProcess
 from daemon.evidence.units import SIZE_PATTERN, size_from_parts
 
 MAX_MESSAGE_CHARS = 4096  # an OOM message is one long line; anything beyond is not its text
+MESSAGE_LEAD_CHARS = 200  # kept before the first trigger: the exception type and prefixes
 
 
 def _size(name: str) -> str:
@@ -99,10 +100,10 @@ def detect_family(text: str) -> OomFamily | None:
 
 def parse_oom(text: str) -> OomReport | None:
     """The OOM report in `text` (one message, possibly with lines that follow it), or None."""
-    text = text[:MAX_MESSAGE_CHARS]
     family = detect_family(text)
     if family is None:
         return None
+    text = _around_message(text)
     message = _first_matching_line(text, family)
     if family is OomFamily.TORCH_ALLOCATOR:
         return _torch_report(message)
@@ -111,6 +112,17 @@ def parse_oom(text: str) -> OomReport | None:
     if family is OomFamily.NCCL:
         return OomReport(family=family, message=message, requested_bytes=_int(_NCCL_REQUEST, text))
     return OomReport(family=family, message=message)
+
+
+def _around_message(text: str) -> str:
+    """The message and what follows it, bounded: a huge line must not hide or slow the parse."""
+    starts = [
+        match.start()
+        for pattern in (_HOST_RAM, _NCCL, _CUBLAS, _CUDNN, _TORCH_OOM, _XLA, _CUDA_RUNTIME)
+        if (match := pattern.search(text)) is not None
+    ]
+    start = max(0, min(starts) - MESSAGE_LEAD_CHARS)
+    return text[start : start + MAX_MESSAGE_CHARS]
 
 
 def _first_matching_line(text: str, family: OomFamily) -> str:

@@ -1,0 +1,68 @@
+"""Property tests over the parsers: they never crash, and sizes survive a round trip."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.evidence.oom import parse_oom
+from daemon.evidence.units import KIB, SizeParseError, format_size, parse_size
+
+UNIT_OF = {"bytes": 1, "KiB": KIB, "MiB": KIB**2, "GiB": KIB**3}
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_format_then_parse_is_within_half_a_printed_hundredth(size: int) -> None:
+    printed = format_size(size)
+    unit = UNIT_OF[printed.split()[-1]]
+    assert abs(parse_size(printed) - size) <= unit // 200 + 1
+
+
+@given(st.text(max_size=300))
+def test_parse_size_accepts_or_raises_its_own_error(text: str) -> None:
+    try:
+        value = parse_size(text)
+    except SizeParseError:
+        return
+    assert value >= 0
+
+
+@given(st.text(max_size=2000))
+@settings(max_examples=300)
+def test_parse_oom_never_crashes_on_any_text(text: str) -> None:
+    report = parse_oom(text)
+    assert report is None or report.message is not None
+
+
+FRAGMENTS = st.sampled_from(
+    [
+        "CUDA out of memory. ",
+        "Tried to allocate ",
+        "GPU 0 has a total capacty of ",
+        "(GPU 1; ",
+        " total capacity; ",
+        " already allocated; ",
+        " free; ",
+        " reserved in total by PyTorch)",
+        " cached)",
+        "Process 12 has ",
+        " memory in use. ",
+        "Of the allocated memory ",
+        " is allocated by PyTorch, and ",
+        " is reserved by PyTorch but unallocated.",
+        "PYTORCH_ALLOC_CONF=",
+        "1.5 GiB",
+        "0 bytes",
+        "99999999999999999999.99 EiB",
+        "2.0",
+        "\x00\ufffd",
+    ]
+)
+
+
+@given(st.lists(FRAGMENTS, max_size=25))
+def test_parse_oom_on_shuffled_message_fragments(parts: list[str]) -> None:
+    report = parse_oom("".join(parts))
+    if report is not None:
+        for value in (report.requested_bytes, report.total_bytes, report.free_bytes):
+            assert value is None or value >= 0
