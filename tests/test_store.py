@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -561,3 +562,29 @@ def test_audit_trail_of_one_proposal_only(db_session: Session) -> None:
         ("proposal_approved", "alice", 1001),
     ]
     assert trail[0].at <= trail[1].at
+
+
+def test_find_incidents_by_user_and_node(db_session: Session) -> None:
+    seed_incident(db_session, job_id=1, at=T0)
+    seed_incident(db_session, job_id=2, at=T0 + timedelta(hours=1))
+    bob_job = dataclasses.replace(make_job(3), user="bob")
+    repo.record_job(db_session, job=bob_job)
+    repo.record_incident(
+        db_session,
+        slurm_job_id=3,
+        evidence=Evidence(),
+        diagnosis=dataclasses.replace(make_diagnosis(), node="gpu-09"),
+        occurred_at=T0,
+    )
+    end = T0 + timedelta(days=1)
+
+    def found(user: str | None = None, node: str | None = None, limit: int = 10) -> list[int]:
+        incidents = repo.find_incidents(
+            db_session, since=T0, until=end, user=user, node=node, limit=limit
+        )
+        return [incident.slurm_job_id for incident in incidents]
+
+    assert found(user="alice") == [2, 1]
+    assert found(node="gpu-09") == [3]
+    assert found(limit=1) == [2]
+    assert found(user="bob", node="gpu-02") == []

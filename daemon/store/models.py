@@ -183,6 +183,7 @@ class Incident(Base):
         Index("ix_incident_occurred_at", "occurred_at"),
         Index("ix_incident_slurm_job_id", "slurm_job_id"),
         Index("ix_incident_lineage_id", "lineage_id"),
+        Index("ix_incident_job_id", "job_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -279,6 +280,7 @@ class NodeEvent(Base):
         _values_check("kind", "kind", NodeEventKind),
         Index("ix_node_event_node_id", "node", "id"),
         Index("ix_node_event_occurred_at", "occurred_at"),
+        Index("ix_node_event_incident_id", "incident_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

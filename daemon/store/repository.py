@@ -667,13 +667,32 @@ def incidents_by_kind(
     limit: int = 1000,
 ) -> list[Incident]:
     """Incidents of one kind in [since, until), newest first."""
-    query = (
-        select(Incident)
-        .where(Incident.kind == kind.value, Incident.occurred_at >= since)
-        .where(Incident.occurred_at < until)
-        .order_by(Incident.occurred_at.desc(), Incident.id.desc())
-        .limit(limit)
-    )
+    return find_incidents(session, kind=kind, since=since, until=until, limit=limit)
+
+
+def find_incidents(
+    session: Session,
+    *,
+    since: datetime,
+    until: datetime,
+    kind: FailureKind | None = None,
+    user: str | None = None,
+    node: str | None = None,
+    limit: int = 1000,
+) -> list[Incident]:
+    """Incidents in [since, until), newest first, narrowed by kind, user and node when given.
+
+    Each filter has an index led by its column and followed by the time, so any one of them
+    keeps the query to the rows asked for.
+    """
+    query = select(Incident).where(Incident.occurred_at >= since, Incident.occurred_at < until)
+    if kind is not None:
+        query = query.where(Incident.kind == kind.value)
+    if user is not None:
+        query = query.where(Incident.user_name == user)
+    if node is not None:
+        query = query.where(Incident.node == node)
+    query = query.order_by(Incident.occurred_at.desc(), Incident.id.desc()).limit(limit)
     return list(session.scalars(query))
 
 

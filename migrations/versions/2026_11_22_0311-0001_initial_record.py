@@ -119,6 +119,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_incident_kind_occurred", "incident", ["kind", "occurred_at"], unique=False)
     op.create_index("ix_incident_lineage_id", "incident", ["lineage_id"], unique=False)
+    op.create_index("ix_incident_job_id", "incident", ["job_id"], unique=False)
     op.create_index("ix_incident_node_occurred", "incident", ["node", "occurred_at"], unique=False)
     op.create_index("ix_incident_occurred_at", "incident", ["occurred_at"], unique=False)
     op.create_index("ix_incident_slurm_job_id", "incident", ["slurm_job_id"], unique=False)
@@ -234,6 +235,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_node_event_node_id", "node_event", ["node", "id"], unique=False)
     op.create_index("ix_node_event_occurred_at", "node_event", ["occurred_at"], unique=False)
+    op.create_index("ix_node_event_incident_id", "node_event", ["incident_id"], unique=False)
 
 
 def downgrade() -> None:

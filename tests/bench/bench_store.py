@@ -454,6 +454,18 @@ def questions(scale: Scale) -> dict[str, Callable[[Session, int], object]]:
             since=month(run),
             until=month(run) + timedelta(days=30),
         ),
+        "incidents of a user, 30 days": lambda s, run: repo.find_incidents(
+            s,
+            user=f"user{run * 37 % USERS:04d}",
+            since=month(run),
+            until=month(run) + timedelta(days=30),
+        ),
+        "incidents on a node, 30 days": lambda s, run: repo.find_incidents(
+            s,
+            node=f"gpu-{run * 13 % NODES:04d}",
+            since=month(run),
+            until=month(run) + timedelta(days=30),
+        ),
         "incident counts by kind, 30 days": lambda s, run: repo.count_incidents_by_kind(
             s, since=month(run), until=month(run) + timedelta(days=30)
         ),
