@@ -32,6 +32,7 @@ from daemon.store.models import (
     AuditImmutable,
     Incident,
     Job,
+    LineageStatus,
     NodeEventKind,
     Proposal,
 )
@@ -588,3 +589,44 @@ def test_find_incidents_by_user_and_node(db_session: Session) -> None:
     assert found(node="gpu-09") == [3]
     assert found(limit=1) == [2]
     assert found(user="bob", node="gpu-02") == []
+
+
+def test_side_effects_are_recorded_then_finished_once(db_session: Session) -> None:
+    argv = ["scontrol", "update", "NodeName=gpu-02", "State=DRAIN", "Reason=medic: XID 79"]
+    action = repo.record_action(
+        db_session, kind=ActionKind.DRAIN, argv=argv, actor=DAEMON, node="gpu-02"
+    )
+    assert action.result == ActionResult.PENDING
+    repo.finish_action(
+        db_session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
+    )
+    db_session.expire_all()
+    stored = db_session.get(Action, action.id)
+    assert stored is not None
+    assert (stored.result, stored.argv, stored.exit_code) == ("succeeded", argv, 0)
+    assert stored.finished_at is not None
+    with pytest.raises(repo.IntentError, match="already finished"):
+        repo.finish_action(
+            db_session, action_id=action.id, exit_code=1, stdout="", stderr="", succeeded=False
+        )
+
+
+def test_a_relaunch_cannot_bypass_the_intent(db_session: Session) -> None:
+    with pytest.raises(repo.IntentError, match="record_submit_intent"):
+        repo.record_action(db_session, kind=ActionKind.SBATCH, argv=["sbatch"], actor=DAEMON)
+
+
+def test_lineage_status_change_is_audited(db_session: Session) -> None:
+    lineage = repo.create_lineage(db_session, name="llama", owner="alice", template="hf")
+    repo.set_lineage_status(
+        db_session,
+        lineage_id=lineage.id,
+        status=LineageStatus.EXHAUSTED,
+        actor=DAEMON,
+        reason="retry budget spent",
+    )
+    assert lineage.status == "exhausted"
+    (event,) = db_session.scalars(
+        select(AuditEvent).where(AuditEvent.subject_type == "lineage")
+    ).all()
+    assert event.details == {"from": "active", "to": "exhausted", "reason": "retry budget spent"}

@@ -63,7 +63,7 @@ class UtcDateTime(TypeDecorator[datetime]):
 NUL_STAND_IN = "\u2400"
 
 
-class CommandText(TypeDecorator[str]):
+class NulSafeText(TypeDecorator[str]):
     """Text from outside (job output, scripts, names): PostgreSQL text cannot hold NUL.
 
     A NUL is stored as U+2400 (the visible "symbol for null") so the rest is kept and the row
@@ -134,7 +134,7 @@ class Lineage(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(CommandText)
+    name: Mapped[str] = mapped_column(NulSafeText)
     owner: Mapped[str] = mapped_column(String(64))
     template: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default=LineageStatus.ACTIVE.value)
@@ -157,7 +157,7 @@ class Job(Base):
     slurm_job_id: Mapped[int] = mapped_column(BigInteger, unique=True)
     lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
     attempt: Mapped[int | None] = mapped_column(Integer)
-    name: Mapped[str] = mapped_column(CommandText)
+    name: Mapped[str] = mapped_column(NulSafeText)
     user_name: Mapped[str] = mapped_column(String(64))
     uid: Mapped[int | None] = mapped_column(Integer)
     account: Mapped[str | None] = mapped_column(String(64))
@@ -219,7 +219,7 @@ class Proposal(Base):
     lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
     remediator: Mapped[str] = mapped_column(String(64))
     patch: Mapped[dict[str, Any]] = mapped_column()
-    rationale: Mapped[str] = mapped_column(CommandText)
+    rationale: Mapped[str] = mapped_column(NulSafeText)
     cost: Mapped[float] = mapped_column(Float)
     changes_science: Mapped[bool] = mapped_column(Boolean)
     state: Mapped[str] = mapped_column(String(16), default=ProposalState.PROPOSED.value)
@@ -240,7 +240,7 @@ class TemplateRevision(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("template_revision.id"))
     proposal_id: Mapped[int | None] = mapped_column(ForeignKey("proposal.id"))
     knobs: Mapped[dict[str, Any]] = mapped_column()
-    rendered_script: Mapped[str] = mapped_column(CommandText, deferred=True)
+    rendered_script: Mapped[str] = mapped_column(NulSafeText, deferred=True)
     script_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
@@ -267,8 +267,8 @@ class Action(Base):
     started_at: Mapped[datetime] = mapped_column(default=utc_now)
     finished_at: Mapped[datetime | None] = mapped_column()
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    stdout: Mapped[str | None] = mapped_column(CommandText, deferred=True)
-    stderr: Mapped[str | None] = mapped_column(CommandText, deferred=True)
+    stdout: Mapped[str | None] = mapped_column(NulSafeText, deferred=True)
+    stderr: Mapped[str | None] = mapped_column(NulSafeText, deferred=True)
     result: Mapped[str] = mapped_column(String(16), default=ActionResult.PENDING.value)
 
 
@@ -287,7 +287,7 @@ class NodeEvent(Base):
     node: Mapped[str] = mapped_column(String(255))
     kind: Mapped[str] = mapped_column(String(16))
     by_medic: Mapped[bool] = mapped_column(Boolean)
-    reason: Mapped[str] = mapped_column(CommandText)
+    reason: Mapped[str] = mapped_column(NulSafeText)
     occurred_at: Mapped[datetime] = mapped_column(default=utc_now)
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incident.id"))
     action_id: Mapped[int | None] = mapped_column(ForeignKey("action.id"))

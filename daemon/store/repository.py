@@ -745,15 +745,12 @@ def lineage_history(session: Session, *, lineage_id: int) -> LineageHistory:
         .where(TemplateRevision.lineage_id == lineage_id)
         .order_by(TemplateRevision.id)
     ).all()
+    job_of_incident = {incident.id: incident.job_id for incident in incidents}
     attempts = tuple(
         Attempt(
             job=job,
             incidents=tuple(i for i in incidents if i.job_id == job.id),
-            proposals=tuple(
-                p
-                for p in proposals
-                if any(i.id == p.incident_id and i.job_id == job.id for i in incidents)
-            ),
+            proposals=tuple(p for p in proposals if job_of_incident.get(p.incident_id) == job.id),
         )
         for job in jobs
     )
