@@ -1,0 +1,141 @@
+"""`slurm-medic diagnose`: the installed console script, the JSON contract and the exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from daemon.cli import main
+
+DATA = Path(__file__).parent / "data"
+SCRIPT = Path(sys.executable).with_name("slurm-medic")
+OOM_KEYS = {
+    "requested_bytes",
+    "total_bytes",
+    "free_bytes",
+    "allocated_bytes",
+    "reserved_unallocated_bytes",
+    "process_in_use_bytes",
+    "other_processes",
+}
+
+
+def test_installed_script_prints_the_json_contract() -> None:
+    result = subprocess.run(
+        [
+            str(SCRIPT),
+            "diagnose",
+            "--log",
+            str(DATA / "logs" / "torchrun_multirank_backward_oom.log"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert {
+        "kind",
+        "onset",
+        "confidence",
+        "reasons",
+        "rank",
+        "node",
+        "step",
+        "phase",
+        "oom",
+    } <= set(verdict)
+    assert verdict["kind"] == "true_oom"
+    assert verdict["onset"] == "mid_run"
+    assert (verdict["rank"], verdict["node"], verdict["step"], verdict["phase"]) == (
+        3,
+        "gpu-02",
+        120,
+        "backward",
+    )
+    assert set(verdict["oom"]) >= OOM_KEYS
+    assert verdict["oom"]["requested_bytes"] == 226 * 1024**2
+    assert verdict["oom"]["reserved_unallocated_bytes"] == 353086996
+    assert all(isinstance(reason, str) for reason in verdict["reasons"])
+
+
+def test_json_other_processes_and_nulls() -> None:
+    result = CliRunner().invoke(
+        main, ["diagnose", "--log", str(DATA / "oom" / "torch_other_processes.txt"), "--json"]
+    )
+    assert result.exit_code == 0
+    verdict = json.loads(result.output)
+    assert verdict["kind"] == "cotenant"
+    assert verdict["oom"]["other_processes"] == [
+        {"pid": 3893521, "bytes": 648019968},
+        {"pid": 1493972, "bytes": 1374389535},
+    ]
+    assert verdict["step"] is None
+
+
+def test_json_oom_is_null_when_not_oom() -> None:
+    result = CliRunner().invoke(
+        main, ["diagnose", "--log", str(DATA / "logs" / "nccl_timeout_only.log"), "--json"]
+    )
+    assert result.exit_code == 0
+    verdict = json.loads(result.output)
+    assert verdict["kind"] == "not_oom"
+    assert verdict["oom"] is None
+
+
+def test_human_output_verdict_first_then_reasons_numbers_and_advice() -> None:
+    result = CliRunner().invoke(
+        main, ["diagnose", "--log", str(DATA / "oom" / "torch21_capacty.txt")]
+    )
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].startswith("fragmentation")
+    text = result.output
+    assert text.index("Why") < text.index("Numbers") < text.index("What to do")
+    assert "requested: 3.00 GiB (3221225472 bytes)" in text
+    assert "expandable_segments:True" in text
+
+
+def test_several_logs_are_merged() -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "diagnose",
+            "--log",
+            str(DATA / "logs" / "nccl_timeout_only.log"),
+            "--log",
+            str(DATA / "oom" / "torch1x_reserved.txt"),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0
+    assert json.loads(result.output)["kind"] == "fragmentation"
+
+
+def test_exit_codes(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["diagnose"]).exit_code == 2
+    assert runner.invoke(main, ["diagnose", "1", "--log", "x"]).exit_code == 2
+    assert runner.invoke(main, ["diagnose", "--log", "x", "--step-pattern", "("]).exit_code == 2
+    missing = runner.invoke(main, ["diagnose", "--log", str(tmp_path / "absent.log")])
+    assert missing.exit_code == 3
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused = runner.invoke(main, ["diagnose", "--log", str(fifo)])
+    assert refused.exit_code == 3
+    assert "FIFO" in refused.output
+
+
+def test_markup_in_untrusted_log_text_is_printed_literally(tmp_path: Path) -> None:
+    log = tmp_path / "evil.log"
+    log.write_text("ValueError: [bold red]pwned[/] $(rm -rf ~)\n")
+    result = CliRunner().invoke(main, ["diagnose", "--log", str(log)])
+    assert result.exit_code == 0
+    assert "[bold red]pwned[/] $(rm -rf ~)" in result.output

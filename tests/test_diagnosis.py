@@ -1,0 +1,296 @@
+"""The diagnosis on realistic evidence: each kind, its reasons and the numbers they quote."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from daemon.diagnosis import (
+    Confidence,
+    Diagnosis,
+    FailureKind,
+    History,
+    MidRunCause,
+    Onset,
+    diagnose,
+)
+from daemon.evidence.oom import parse_oom
+from daemon.evidence.records import (
+    ComputeApp,
+    Evidence,
+    GpuHealth,
+    LogFindings,
+    NodeProbe,
+    OomReport,
+    Phase,
+    ProbeVerdict,
+    XidEvent,
+    XidPolicy,
+)
+from daemon.slurm.records import JobState, SlurmJob
+
+OOM = Path(__file__).parent / "data" / "oom"
+NOW = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+
+
+def sample(name: str) -> OomReport:
+    report = parse_oom((OOM / name).read_text())
+    assert report is not None
+    return report
+
+
+def message(requested: str, total: str, free: str, allocated: str, unallocated: str) -> OomReport:
+    report = parse_oom(
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {requested}. GPU 0 has a"
+        f" total capacity of {total} of which {free} is free. Including non-PyTorch memory, this"
+        f" process has {total} memory in use. Of the allocated memory {allocated} is allocated"
+        f" by PyTorch, and {unallocated} is reserved by PyTorch but unallocated."
+    )
+    assert report is not None
+    return report
+
+
+def job(state: JobState = JobState.FAILED, exit_code: int = 1, signal: int = 0) -> SlurmJob:
+    return SlurmJob(
+        job_id=42,
+        name="train",
+        user="alice",
+        uid=1001,
+        group="alice",
+        account=None,
+        partition="gpu",
+        state=state,
+        state_raw=state.value,
+        exit_code=exit_code,
+        exit_signal=signal,
+        derived_exit_code=None,
+        derived_exit_signal=None,
+        nodes=("gpu-02",),
+        batch_host="gpu-02",
+        submit_time=NOW,
+        start_time=NOW,
+        end_time=NOW,
+        stdout_path="/home/alice/slurm-42.out",
+        stderr_path=None,
+        work_dir="/home/alice",
+        comment=None,
+    )
+
+
+def probe(**kwargs: object) -> NodeProbe:
+    base = NodeProbe(node="gpu-02", probed_at=NOW, verdict=ProbeVerdict.HEALTHY, reasons=())
+    return replace(base, **kwargs)  # type: ignore[arg-type]
+
+
+def run(log: LogFindings, **kwargs: object) -> Diagnosis:
+    return diagnose(Evidence(log=log, **kwargs), History())  # type: ignore[arg-type]
+
+
+def test_fragmentation_quotes_the_ratio() -> None:
+    oom = message("2.00 GiB", "79.15 GiB", "1.50 GiB", "70.00 GiB", "6.50 GiB")
+    verdict = run(LogFindings(oom=oom, step=300, phase=Phase.FORWARD, node="gpu-02", rank=5))
+    assert verdict.kind is FailureKind.FRAGMENTATION
+    assert verdict.confidence is Confidence.HIGH
+    assert any(
+        "6.50 GiB reserved but unallocated is 3.2x the 2.00 GiB request" in reason
+        for reason in verdict.reasons
+    )
+    assert (verdict.rank, verdict.node, verdict.step) == (5, "gpu-02", 300)
+
+
+def test_real_2_1_message_with_1_6x_is_fragmentation() -> None:
+    verdict = run(LogFindings(oom=sample("torch21_capacty.txt")))
+    assert verdict.kind is FailureKind.FRAGMENTATION
+    assert verdict.confidence is Confidence.MEDIUM
+
+
+def test_more_free_than_asked_is_not_pretended_away() -> None:
+    verdict = run(LogFindings(oom=sample("torch21_free_exceeds_request.txt")))
+    assert verdict.kind is FailureKind.UNKNOWN
+    text = " ".join(verdict.reasons)
+    assert "2.80 GiB free, more than the 2.00 GiB asked for" in text
+    assert "neither capacity nor fragmentation explains it" in text
+    assert "MIG" in text
+
+
+def test_small_unallocated_on_full_card_at_step0_is_true_oom() -> None:
+    verdict = run(LogFindings(oom=sample("torch22_expandable.txt"), step=0))
+    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.onset is Onset.STEP0
+    assert any("22.90 GiB of the 23.65 GiB card (97%)" in reason for reason in verdict.reasons)
+
+
+def test_own_process_seen_from_a_container_is_not_a_cotenant() -> None:
+    verdict = run(LogFindings(oom=sample("torch21_container_pid.txt")))
+    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.cotenant_pids == ()
+
+
+def test_other_processes_in_the_message_are_cotenants() -> None:
+    verdict = run(LogFindings(oom=sample("torch_other_processes.txt"), node="gpu-02"))
+    assert verdict.kind is FailureKind.COTENANT
+    assert verdict.cotenant_pids == (3893521, 1493972)
+    assert verdict.bad_nodes == ("gpu-02",)
+
+
+def test_job_pids_are_not_cotenants() -> None:
+    findings = LogFindings(oom=sample("torch_other_processes.txt"), job_pids=(3893521, 1493972))
+    assert run(findings).kind is FailureKind.TRUE_OOM
+
+
+def test_probe_compute_app_is_a_cotenant() -> None:
+    app = ComputeApp(gpu_uuid="GPU-1", pid=777, process_name="python", used_bytes=30 * 1024**3)
+    gpu = GpuHealth(
+        index=0,
+        uuid="GPU-1",
+        pci_bus_id=None,
+        memory_total_bytes=80 * 1024**3,
+        memory_used_bytes=30 * 1024**3,
+        compute_apps=(app,),
+    )
+    findings = LogFindings(oom=sample("torch22_expandable.txt"), node="gpu-02")
+    verdict = run(findings, probe=probe(gpus=(gpu,)))
+    assert verdict.kind is FailureKind.COTENANT
+    assert verdict.cotenant_pids == (777,)
+    assert any("30.00 GiB on GPU 0 of gpu-02" in reason for reason in verdict.reasons)
+
+
+def test_xid_79_on_the_oom_node_is_hardware() -> None:
+    xid = XidEvent(
+        code=79,
+        pci_bus_id="0000:3B:00.0",
+        pid=None,
+        process_name=None,
+        time=NOW,
+        text="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        policy=XidPolicy.HARDWARE,
+        meaning="GPU has fallen off the bus",
+    )
+    findings = LogFindings(oom=sample("cuda_runtime.txt"), node="gpu-02")
+    verdict = run(findings, probe=probe(xid_events=(xid,), verdict=ProbeVerdict.FAULTY))
+    assert verdict.kind is FailureKind.HARDWARE
+    assert verdict.bad_nodes == ("gpu-02",)
+    assert "XID 79 on gpu-02: GPU has fallen off the bus" in verdict.reasons
+
+
+def test_fault_on_another_node_does_not_blame_this_one() -> None:
+    gpu = GpuHealth(
+        index=0,
+        uuid=None,
+        pci_bus_id=None,
+        memory_total_bytes=None,
+        memory_used_bytes=None,
+        remap_pending=True,
+    )
+    findings = LogFindings(oom=sample("torch22_expandable.txt"), node="gpu-03", step=0)
+    assert run(findings, probe=probe(gpus=(gpu,))).kind is FailureKind.TRUE_OOM
+
+
+def test_pending_row_remap_is_hardware() -> None:
+    gpu = GpuHealth(
+        index=3,
+        uuid=None,
+        pci_bus_id=None,
+        memory_total_bytes=None,
+        memory_used_bytes=None,
+        remap_pending=True,
+    )
+    verdict = run(LogFindings(node="gpu-02"), probe=probe(gpus=(gpu,)))
+    assert verdict.kind is FailureKind.HARDWARE
+    assert "GPU 3 on gpu-02 has a row remap pending" in verdict.reasons
+
+
+def test_slurm_out_of_memory_state_is_host_ram() -> None:
+    verdict = run(LogFindings(), job=job(JobState.OUT_OF_MEMORY, exit_code=0, signal=9))
+    assert verdict.kind is FailureKind.HOST_RAM
+    assert verdict.confidence is Confidence.HIGH
+    assert verdict.node == "gpu-02"
+
+
+def test_sigkill_without_traceback_is_host_ram_with_less_certainty() -> None:
+    verdict = run(LogFindings(exit_code=137, killed_by_signal=9))
+    assert verdict.kind is FailureKind.HOST_RAM
+    assert verdict.confidence is Confidence.MEDIUM
+    assert any("no Python traceback" in reason for reason in verdict.reasons)
+
+
+def test_gpu_oom_beats_a_sigkill_that_followed_it() -> None:
+    findings = LogFindings(oom=sample("torch22_expandable.txt"), step=0, killed_by_signal=9)
+    assert run(findings).kind is FailureKind.TRUE_OOM
+
+
+def test_large_request_in_attention_frames_is_a_workspace_spike() -> None:
+    oom = message("12.00 GiB", "79.15 GiB", "3.00 GiB", "60.00 GiB", "1.00 GiB")
+    findings = LogFindings(oom=oom, step=800, phase=Phase.FORWARD, heavy_kernels=("attention",))
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.WORKSPACE_SPIKE
+    assert any("12.00 GiB request (15% of the card) inside attention" in r for r in verdict.reasons)
+
+
+def test_oom_in_optimizer_step_is_a_burst() -> None:
+    findings = LogFindings(
+        oom=sample("torch1x_max_split_zero_free.txt"), phase=Phase.OPTIMIZER_STEP
+    )
+    assert run(findings).kind is FailureKind.OPTIMIZER_BURST
+
+
+def test_oom_in_eval_is_eval_growth() -> None:
+    findings = LogFindings(oom=sample("torch22_expandable.txt"), phase=Phase.EVAL, step=1000)
+    assert run(findings).kind is FailureKind.EVAL_GROWTH
+
+
+@pytest.mark.parametrize(
+    ("requested", "step", "cause"),
+    [
+        ("3.00 GiB", 2, MidRunCause.OPTIMIZER_STATE),
+        ("3.00 GiB", 900, MidRunCause.LONGEST_BATCH),
+        ("20.00 MiB", 900, MidRunCause.GROWTH),
+    ],
+)
+def test_mid_run_causes(requested: str, step: int, cause: MidRunCause) -> None:
+    oom = message(requested, "79.15 GiB", "10.00 MiB", "78.00 GiB", "100.00 MiB")
+    verdict = run(LogFindings(oom=oom, step=step, phase=Phase.BACKWARD))
+    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.onset is Onset.MID_RUN
+    assert verdict.mid_run_cause is cause
+    assert any(f"step {step}" in reason for reason in verdict.reasons)
+
+
+def test_history_is_quoted_for_a_repeat_failure() -> None:
+    earlier = Diagnosis(kind=FailureKind.TRUE_OOM, confidence=Confidence.HIGH, reasons=(), step=700)
+    oom = message("3.00 GiB", "79.15 GiB", "10.00 MiB", "78.00 GiB", "100.00 MiB")
+    verdict = diagnose(Evidence(log=LogFindings(oom=oom, step=900)), History(earlier=(earlier,)))
+    assert "this lineage failed before at step 700 (true_oom)" in verdict.reasons
+
+
+def test_other_exception_is_not_oom() -> None:
+    findings = LogFindings(
+        root_failure_line="ValueError: Expected input batch_size (8) to match target (16).",
+        cascade_ranks=(0, 1),
+    )
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.NOT_OOM
+    assert not verdict.is_oom
+    assert "ranks 0, 1 failed after it, as a cascade" in verdict.reasons
+
+
+def test_nothing_at_all_is_unknown_with_a_reason() -> None:
+    verdict = run(LogFindings(notes=("the log is empty",)))
+    assert verdict.kind is FailureKind.UNKNOWN
+    assert "the log is empty" in verdict.reasons
+
+
+def test_diagnosis_module_imports_no_io() -> None:
+    source = (Path(__file__).parents[1] / "daemon" / "diagnosis.py").read_text()
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    forbidden = {"subprocess", "socket", "paramiko", "sqlalchemy", "daemon.process", "os"}
+    assert not {name for name in imported if name.split(".")[0] in forbidden or name in forbidden}
