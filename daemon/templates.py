@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
-from jinja2 import StrictUndefined
+from jinja2 import StrictUndefined, Undefined
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -56,6 +56,8 @@ class ShellSafe(str):
 
 def shell_quote(value: object) -> ShellSafe:
     """The `sh` filter: one shell word, whatever the value holds."""
+    if isinstance(value, Undefined):
+        str(value)  # StrictUndefined raises here, naming the missing variable
     if isinstance(value, ShellSafe):
         return value
     if isinstance(value, bool | int):
@@ -67,6 +69,8 @@ def shell_quote(value: object) -> ShellSafe:
 
 def shell_join(values: Iterable[object]) -> ShellSafe:
     """The `shjoin` filter: a list of words, each quoted."""
+    if isinstance(values, Undefined):
+        str(values)
     if isinstance(values, str):
         raise TemplateError("shjoin takes a list of words, not a string")
     return ShellSafe(" ".join(shell_quote(value) for value in values))
@@ -642,6 +646,7 @@ _CHECKPOINT_FLAGS = {
     "deepspeed": ("--save_dir", "--output_dir"),
     "torchrun": (),
 }
+_CHECKPOINT_ENV = {"torchrun": ("CKPT_DIR", "CHECKPOINT_DIR")}
 _CHECKPOINT_LAYOUTS = {
     "hf": CheckpointLayout.HF,
     "megatron": CheckpointLayout.MEGATRON,
@@ -853,6 +858,8 @@ def _export_line(importer: _Importer, line: str, where: str) -> bool:
     if not tokens or len(tokens) != 2 or "=" not in tokens[1] or any(c in line for c in "$`"):
         return False
     variable, _, value = tokens[1].partition("=")
+    if variable in _CHECKPOINT_ENV.get(importer.dialect.name, ()) and _SAFE_WORD.match(value):
+        importer.checkpoint_root = value
     knob = importer.dialect.recognise_env.get(variable)
     if knob is not None:
         return importer.take_text(knob, value, f"{where}: export {variable}")
@@ -1014,7 +1021,7 @@ def _imported_script(
     parts += ["{{ env_exports }}"]
     if dialect.name == "deepspeed":
         parts += [
-            'DS_CONFIG="${TMPDIR:-/tmp}/ds_config.${SLURM_JOB_ID}.json"',
+            'DS_CONFIG="${SLURM_SUBMIT_DIR:-.}/.ds_config.${SLURM_JOB_ID}.json"',
             "cat > \"$DS_CONFIG\" <<'MEDIC_DS_CONFIG'",
             "{{ config_json }}",
             "MEDIC_DS_CONFIG",

@@ -59,7 +59,7 @@ def _args(knobs: Knobs) -> tuple[str, ...]:
     resume = text(knobs, "load_dir")
     args += flag_if(bool(resume), "--load_dir", resume)
     tag = text(knobs, "load_tag")
-    args += flag_if(bool(resume) and bool(tag), "--load_tag", tag)
+    args += flag_if(bool(resume) and bool(tag), "--ckpt_tag", tag)
     return tuple(args)
 
 
@@ -107,11 +107,11 @@ DIALECT = Dialect(
     invariant=(
         "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x GPUs"
     ),
-    resume_note="--load_dir CHECKPOINT_ROOT [--load_tag TAG] (the `latest` file names the tag)",
+    resume_note="--load_dir CHECKPOINT_ROOT [--ckpt_tag TAG] (the `latest` file names the tag)",
     recognise_flags={
         "--gradient_checkpointing": "gradient_checkpointing",
         "--num_workers": "num_workers",
         "--load_dir": "load_dir",
-        "--load_tag": "load_tag",
+        "--ckpt_tag": "load_tag",
     },
 )
