@@ -198,9 +198,20 @@ def detect_dialect(document: Mapping[str, Any]) -> tuple[JsonDialect, str | None
     )
 
 
+# slurmdb's "Nothing found with query": an empty answer, not a failure.
+_NOTHING_FOUND = 9003
+
+
 def _raise_reported_errors(document: Mapping[str, Any]) -> None:
     errors = document.get("errors") or []
-    if not isinstance(errors, list) or not errors:
+    if not isinstance(errors, list):
+        return
+    errors = [
+        error
+        for error in errors
+        if not (isinstance(error, dict) and error.get("error_number") == _NOTHING_FOUND)
+    ]
+    if not errors:
         return
     texts = []
     for error in errors:
