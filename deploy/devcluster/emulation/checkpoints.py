@@ -10,7 +10,8 @@ names, the nesting and the file that marks a checkpoint complete are the framewo
 - DeepSpeed: `global_stepN/` with model and per-rank optimizer shards, then the `latest`
   tag file; resume from a load dir and a tag (default: the `latest` file).
 - torchrun with torch.distributed.checkpoint: `step_N/` with a `.distcp` file per rank and
-  `.metadata` last; RESUME_FROM names a step dir or `latest`.
+  `.metadata` last; RESUME_FROM names a step dir, or `latest` or the checkpoint root for the
+  newest complete one.
 
 A kill between files leaves a half-written checkpoint, as in real life: the last file is
 missing, and resuming from it fails the way the framework fails.
@@ -192,6 +193,8 @@ def _resume_dcp(target: str, output_dir: str | None) -> ResumePoint:
         path = max(complete, key=lambda p: int(p.name.removeprefix("step_")))
     else:
         path = Path(target)
+        if DCP_DIR.match(path.name) is None and path.is_dir():
+            return _resume_dcp("latest", str(path))
     match = DCP_DIR.match(path.name)
     if match is None or not (path / ".metadata").is_file():
         raise CheckpointError(

@@ -87,6 +87,11 @@ def _eval_strategy(value: str) -> Overrides:
     return {"eval_every": None} if value == "no" else {}
 
 
+def _hf_optim(value: str) -> Overrides:
+    """`--optim adamw_bnb_8bit` and the other 8-bit choices shrink Adam's moments."""
+    return {"optimizer_8bit": "8bit" in value}
+
+
 def _load_dir(value: str) -> Overrides:
     return {"resume_from": value}
 
@@ -142,6 +147,7 @@ _HF_FLAGS: dict[str, Handler] = {
     "--block_size": _int("seq_length"),
     "--max_seq_length": _int("seq_length"),
     "--generation_max_length": _int("generate_tokens", minimum=0),
+    "--optim": _hf_optim,
 }
 _HF_BOOLEANS = frozenset({"--gradient_checkpointing"})
 
@@ -175,6 +181,9 @@ _DEEPSPEED_FLAGS: dict[str, Handler] = {
     "--save_dir": _text("output_dir"),
     "--load_dir": _load_dir,
     "--ckpt_tag": _text("resume_tag"),
+    "--load_tag": _text("resume_tag"),
+    "--save_interval": _int("save_every"),
+    "--train_iters": _int("max_steps"),
     "--num_workers": _int("dataloader_workers", minimum=0),
 }
 

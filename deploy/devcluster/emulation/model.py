@@ -38,6 +38,8 @@ BYTES_GRADS = 4
 BYTES_MASTER = 4
 BYTES_ADAM_MOMENTS = 8
 BYTES_PER_PARAM = BYTES_WEIGHTS + BYTES_GRADS + BYTES_MASTER + BYTES_ADAM_MOMENTS
+# bitsandbytes' 8-bit Adam keeps each moment in one byte and updates in a fused kernel.
+BYTES_ADAM_MOMENTS_8BIT = 2
 # The multi-tensor Adam update materialises two fp32 lists the size of the moments' shard.
 ADAM_UPDATE_TEMP_LISTS = 2
 BYTES_ADAM_UPDATE_TEMP = 4
@@ -177,6 +179,7 @@ class TrainConfig:
     recompute_num_layers: int | None = None
     zero_stage: int = 0
     offload_optimizer: bool = False
+    optimizer_8bit: bool = False
     allocator: AllocatorConf = field(default_factory=AllocatorConf)
     fragmentation: float = 0.1
     eval_batch: int = 8
@@ -292,11 +295,14 @@ def master_bytes(config: TrainConfig) -> int:
 
 
 def adam_moments_bytes(config: TrainConfig) -> int:
-    return _optimizer_shard(config, BYTES_ADAM_MOMENTS)
+    per_param = BYTES_ADAM_MOMENTS_8BIT if config.optimizer_8bit else BYTES_ADAM_MOMENTS
+    return _optimizer_shard(config, per_param)
 
 
 def adam_update_temp_bytes(config: TrainConfig) -> int:
     """One of the fp32 lists the multi-tensor update allocates (the request that fails)."""
+    if config.optimizer_8bit:
+        return 0
     return _optimizer_shard(config, BYTES_ADAM_UPDATE_TEMP)
 
 

@@ -47,6 +47,7 @@ class Settings:
     recompute_num_layers: int | None = None
     zero_stage: int = 0
     offload_optimizer: bool = False
+    optimizer_8bit: bool = False
     allocator: AllocatorConf = field(default_factory=AllocatorConf)
     fragmentation: float = 0.1
     eval_batch: int = 8
@@ -94,6 +95,7 @@ class Settings:
             recompute_num_layers=self.recompute_num_layers,
             zero_stage=self.zero_stage,
             offload_optimizer=self.offload_optimizer,
+            optimizer_8bit=self.optimizer_8bit,
             allocator=self.allocator,
             fragmentation=self.fragmentation,
             eval_batch=self.eval_batch,
