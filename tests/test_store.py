@@ -6,6 +6,8 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -630,3 +632,31 @@ def test_lineage_status_change_is_audited(db_session: Session) -> None:
         select(AuditEvent).where(AuditEvent.subject_type == "lineage")
     ).all()
     assert event.details == {"from": "active", "to": "exhausted", "reason": "retry budget spent"}
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.text(max_size=40),
+    message=st.text(max_size=200),
+    reasons=st.lists(st.text(max_size=30), max_size=3),
+)
+def test_any_text_survives_the_database(
+    db_session: Session, name: str, message: str, reasons: list[str]
+) -> None:
+    """Job names, OOM messages and reasons come from outside: the JSON copy keeps them exact."""
+    with db_session.begin_nested() as example:
+        job = make_job(77, name=name)
+        repo.record_job(db_session, job=job)
+        oom = OomReport(family=OomFamily.CUDA_RUNTIME, message=message)
+        evidence = Evidence(log=LogFindings(oom=oom), job=job)
+        diagnosis = dataclasses.replace(make_diagnosis(), reasons=tuple(reasons), oom=oom)
+        incident = repo.record_incident(
+            db_session, slurm_job_id=77, evidence=evidence, diagnosis=diagnosis
+        )
+        db_session.expire_all()
+        assert repo.incident_records(incident) == (evidence, diagnosis)
+        stored = db_session.scalars(select(Job).where(Job.slurm_job_id == 77)).one()
+        assert repo.job_record(stored) == job
+        example.rollback()
