@@ -457,3 +457,20 @@ def test_odd_names_round_trip_through_show_job(name: str) -> None:
     job = parse_show_job(line)
     assert job.name == name
     assert job.stdout_path == "/tmp/medic-samples/train-4node-5.out"
+
+
+def test_nothing_found_is_an_empty_answer() -> None:
+    """What 22.05 prints for a job slurmdbd has not recorded yet (seen on the dev cluster)."""
+    document = {
+        "meta": {"plugin": {"type": "openapi/dbv0.0.38"}},
+        "errors": [
+            {
+                "description": "Nothing found",
+                "error_number": 9003,
+                "error": "Nothing found with query",
+                "source": "slurmdb_jobs_get",
+            }
+        ],
+        "jobs": [],
+    }
+    assert parse_sacct_json(json.dumps(document)).jobs == ()
