@@ -48,3 +48,29 @@ def test_hostile_name_is_substituted_as_text_only() -> None:
 def test_defaults() -> None:
     assert expand_std_path(default_stdout_pattern(is_array=False), JOB) == "slurm-1234.out"
     assert expand_std_path(default_stdout_pattern(is_array=True), TASK) == "slurm-1234_6.out"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "context", "seen"),
+    [
+        (
+            "%a-%J-%s-%n-%t-%N-%3j-%%-%A.out",
+            PathContext(job_id=6, name="pt", user="alice", first_node="vm"),
+            "4294967294-6-batch-0-0-vm-006-%-6.out",
+        ),
+        (
+            "arr-%A-%a-%j-%4a.out",
+            PathContext(
+                job_id=7, name="pa", user="alice", first_node="vm", array_job_id=7, array_task_id=3
+            ),
+            "arr-7-3-7-0003.out",
+        ),
+    ],
+)
+def test_matches_what_slurmd_22_05_wrote(pattern: str, context: PathContext, seen: str) -> None:
+    """File names slurmd created on the dev cluster (2026-11-22) for these --output patterns.
+
+    `%N` is the batch host's own short hostname: every devcluster node runs in a network
+    namespace of the one machine `vm`, so slurmd wrote `vm`, not `gpu-01`.
+    """
+    assert expand_std_path(pattern, context) == seen

@@ -10,7 +10,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-_SPEC = re.compile(r"%(\d*)([%AaJjNnstuxb])")
+_SPEC = re.compile(r"%(\d*)([%AaJjNnstux])")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class PathContext:
     job_id: int
     name: str
     user: str
-    first_node: str | None = None
+    first_node: str | None = None  # the batch host's short hostname (usually its node name)
     array_job_id: int | None = None
     array_task_id: int | None = None
     step: str = "batch"
@@ -29,10 +29,11 @@ class PathContext:
 
 
 def expand_std_path(pattern: str, context: PathContext, *, work_dir: str | None = None) -> str:
-    """Expand `%j %x %u %N %A %a %J %s %t %n %b %%` (with zero padding, `%3a`) in `pattern`.
+    """Expand `%j %x %u %N %A %a %J %s %t %n %%` (with zero padding, `%3a`) in `pattern`.
 
     A backslash anywhere in the pattern turns replacement off, as in sbatch; relative results
     are joined to `work_dir` because that is where slurmd opens them. Unknown specifiers stay.
+    `%a` of a job that is not an array task is 4294967294 (Slurm's NO_VAL), as slurmd writes.
     """
     if "\\" in pattern:
         expanded = pattern.replace("\\", "")
@@ -70,6 +71,5 @@ def _replace(match: re.Match[str], context: PathContext) -> str:
         "a": context.array_task_id if context.array_task_id is not None else 4294967294,
         "n": context.node_index,
         "t": context.task_id,
-        "b": (context.array_task_id or 0) % 10,
     }
     return str(numbers[spec]).zfill(width)
