@@ -7,6 +7,7 @@ import click
 from daemon import __version__
 from daemon.commands.db import db
 from daemon.commands.diagnose import diagnose_command
+from daemon.commands.probe import probe_command
 from daemon.commands.template import template_group
 
 
@@ -19,4 +20,5 @@ def main() -> None:
 # Command registrations (one import and one add_command per area).
 main.add_command(db)
 main.add_command(diagnose_command)
+main.add_command(probe_command)
 main.add_command(template_group)

@@ -7,6 +7,7 @@ dev-cluster node state) or, for the seam's own tests, prints, sleeps or fails on
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from daemon.cli import main
 from daemon.evidence.prober import NodeProber, ProbeRequest, ProbeSettings
 from daemon.evidence.records import ProbeVerdict
 from daemon.ssh import (
@@ -279,3 +282,49 @@ def test_prober_end_to_end_through_real_sshd(sshd: LocalSshd) -> None:
     assert first.reasons[0] == "GPU 3 (00000000:4E:00.0): pid 31337 (python3) holds 30.0 GiB"
     assert second == first
     assert prober.fetch_count == 1
+
+
+@needs_sshd
+def test_probe_command_prints_the_record_as_json(sshd: LocalSshd) -> None:
+    args = [
+        "probe",
+        "127.0.0.1",
+        "--key",
+        str(sshd.key),
+        "--known-hosts",
+        str(sshd.known_hosts),
+        "--user",
+        "root",
+        "--port",
+        str(sshd.port),
+        "--since-minutes",
+        "10",
+        "--json",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["verdict"] == "degraded"
+    assert record["gpus"][3]["compute_apps"][0]["pid"] == 31337
+    assert record["gpus"][3]["compute_apps"][0]["used_bytes"] == 30 * 1024**3
+
+
+def test_probe_command_exit_code_for_an_unreachable_node(tmp_path: Path) -> None:
+    keygen(tmp_path / "key")
+    (tmp_path / "known_hosts").write_text("")
+    args = [
+        "probe",
+        "127.0.0.1",
+        "--key",
+        str(tmp_path / "key"),
+        "--known-hosts",
+        str(tmp_path / "known_hosts"),
+        "--user",
+        "root",
+        "--port",
+        str(free_port()),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 3
+    assert result.output.startswith("127.0.0.1: unreachable\n")
+    assert "connection refused" in result.output
