@@ -827,15 +827,18 @@ def _sbatch_line(importer: _Importer, line: str, where: str) -> bool:
         importer.sbatch.append((key, ""))
         return True
     if key == "nodes":
-        return importer.take_text("nodes", value, f"{where}: #SBATCH {tokens[0]}")
+        if not importer.take_text("nodes", value, f"{where}: #SBATCH {tokens[0]}"):
+            raise TemplateError(f"{where}: --nodes {value!r} must be one fixed count to be a knob")
+        return True
     if key in {"gres", "gpus-per-node"}:
         match = _GPU_COUNT.match(value)
-        if match:
-            importer.take("gpus_per_node", int(match.group(1)), f"{where}: #SBATCH --{key}")
-            return True
-        return False
+        if not match:
+            raise TemplateError(f"{where}: --{key} {value!r} is not one GPU count per node")
+        importer.take("gpus_per_node", int(match.group(1)), f"{where}: #SBATCH --{key}")
+        return True
     if key == "exclude":
-        return _exclude(importer, value, where)
+        _exclude(importer, value, where)
+        return True
     if _SBATCH_KEY.match(key) and value and _SBATCH_VALUE.match(value) and len(tokens) <= 2:
         importer.sbatch.append((key, value))
         return True
@@ -843,14 +846,12 @@ def _sbatch_line(importer: _Importer, line: str, where: str) -> bool:
     return False
 
 
-def _exclude(importer: _Importer, value: str, where: str) -> bool:
+def _exclude(importer: _Importer, value: str, where: str) -> None:
     try:
-        nodes = list(NodeSet(value))
-    except NodeSetException as error:
-        importer.notes.append(f"{where}: exclude list {value!r} not understood: {error}")
-        return False
-    importer.take("exclude", importer.dialect.spec("exclude").validate(nodes), f"{where}: exclude")
-    return True
+        nodes = importer.dialect.spec("exclude").validate(list(NodeSet(value)))
+    except (NodeSetException, KnobError) as error:
+        raise TemplateError(f"{where}: exclude list {value!r} not understood: {error}") from error
+    importer.take("exclude", nodes, f"{where}: exclude")
 
 
 def _export_line(importer: _Importer, line: str, where: str) -> bool:
