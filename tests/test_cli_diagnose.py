@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
+from daemon.slurm.backend import SlurmCli
+from daemon.slurm.errors import SlurmError
 
 DATA = Path(__file__).parent / "data"
 SCRIPT = Path(sys.executable).with_name("slurm-medic")
@@ -139,3 +145,52 @@ def test_markup_in_untrusted_log_text_is_printed_literally(tmp_path: Path) -> No
     result = CliRunner().invoke(main, ["diagnose", "--log", str(log)])
     assert result.exit_code == 0
     assert "[bold red]pwned[/] $(rm -rf ~)" in result.output
+
+
+@pytest.mark.cluster
+@pytest.mark.usefixtures("devcluster")
+def test_diagnose_jobid_on_the_local_cluster() -> None:
+    """A real 2-node job whose task 1 dies with a real OOM message, diagnosed by job id."""
+    work_dir = Path(f"/tmp/medic-diagnose-test-{uuid.uuid4().hex[:8]}")
+    work_dir.mkdir()
+    shutil.chown(work_dir, "alice", "alice")
+    message = (DATA / "oom" / "torch21_capacty.txt").read_text().strip()
+    (work_dir / "oom.txt").write_text(message + "\n")
+    script = (
+        "#!/bin/bash\n"
+        "srun --label bash -c 'echo step 7; if [ $SLURM_PROCID = 1 ]; then"
+        " cat oom.txt >&2; exit 1; fi; sleep 2'\n"
+    )
+    cli = SlurmCli(timeout_s=30, attempts=3, backoff_s=0.5)
+    try:
+        job_id = cli.submit(
+            script,
+            as_user="alice",
+            work_dir=str(work_dir),
+            extra_args=["--nodes=2", "--ntasks=2", "--output=medic-%j.out"],
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                job = cli.job(job_id)
+            except SlurmError:
+                job = None
+            if job is not None and job.state.is_terminal() and job.partition is not None:
+                break
+            time.sleep(0.5)
+        result = subprocess.run(
+            [str(SCRIPT), "diagnose", str(job_id), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        verdict = json.loads(result.stdout)
+        assert verdict["kind"] == "fragmentation"
+        assert verdict["rank"] == 1
+        assert verdict["step"] == 7
+        assert verdict["node"] in {"gpu-01", "gpu-02", "gpu-03", "gpu-04"}
+        assert verdict["oom"]["requested_bytes"] == 3 * 1024**3
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)

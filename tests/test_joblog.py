@@ -220,3 +220,10 @@ def test_non_seekable_stream_is_refused() -> None:
             scan_log(stream)
     finally:
         os.close(write_end)
+
+
+def test_real_srun_label_log_from_the_local_cluster() -> None:
+    found = scan_log(LOGS / "devcluster_srun_label.log")
+    assert (found.rank, found.node, found.step, found.exit_code) == (1, "gpu-02", 3, 1)
+    assert found.oom is not None
+    assert found.oom.requested_bytes == 3 * 1024**3
