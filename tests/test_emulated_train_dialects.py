@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from emulation.dialects import LaunchError, infer_dialect, parse_launch
-from emulation.messages import StepReport, format_size, oom_message, tqdm_line
+from emulation.messages import (
+    StepReport,
+    deepspeed_line,
+    format_size,
+    hf_log_line,
+    megatron_line,
+    oom_message,
+    tqdm_line,
+    watchdog_lines,
+)
 from emulation.model import GIB, MIB, AllocatorConf, AllocKind, OomEvent, Phase, Recompute
 from emulation.runner import resolve_settings
 from emulation.settings import Dialect
@@ -273,4 +284,61 @@ def test_tqdm_line_draws_partial_blocks() -> None:
         global_batch=64,
         micro_batch=2,
     )
-    assert tqdm_line(report) == "  3%|▎         | 12/400 [00:10<05:10, 1.25it/s]"
+    assert tqdm_line(report) == "  3%|▎         | 12/400 [00:10<05:10,  1.25it/s]"
+
+
+SAMPLES = Path(__file__).resolve().parent / "data" / "emulation"
+
+
+def skeleton(line: str) -> str:
+    """A line's shape: numbers, size units, tqdm's bar and runs of spaces made uniform."""
+    shape = re.sub(r"\|[^|]*\|", "|BAR|", line) if "%|" in line else line
+    shape = re.sub(r"\d+", "N", shape)
+    shape = re.sub(r"N(\.N)? (GiB|MiB|KiB|bytes)", "SIZE", shape)
+    shape = re.sub(r"N\.NE[-+]N", "N", shape)
+    shape = re.sub(r"N(\.N)?(e-N)?", "N", shape)
+    return re.sub(r"\s+", " ", shape).strip()
+
+
+def sample(name: str) -> list[str]:
+    return (SAMPLES / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_output_matches_real_formats() -> None:
+    report = StepReport(
+        step=12,
+        max_steps=400,
+        loss=2.3,
+        learning_rate=1.5e-5,
+        elapsed_s=62.0,
+        step_s=2.83,
+        global_batch=1024,
+        micro_batch=2,
+    )
+    event = OomEvent(
+        step=1,
+        phase=Phase.FORWARD,
+        kind=AllocKind.LINEAR,
+        requested=3 * GIB,
+        allocated=6 * GIB,
+        reserved_unallocated=396 * MIB,
+        non_pytorch=512 * MIB,
+        cotenant=0,
+        total=10 * GIB,
+    )
+    assert skeleton(oom_message(event, device=0, cotenant_pid=None)) == skeleton(
+        sample("torch_oom.txt")[0]
+    )
+    watchdog = watchdog_lines(
+        rank=1, seq_num=808, numel=9801523, timeout_ms=600000, ran_ms=600020, now=0.0
+    )
+    assert [skeleton(line) for line in watchdog[:2]] == [
+        skeleton(line) for line in sample("nccl_watchdog.txt")
+    ]
+    megatron = re.sub(r"^ \[[\d-]+ [\d:]+\]", "", megatron_line(report, 0.0))
+    assert skeleton(megatron) == skeleton(sample("megatron_iteration.txt")[0])
+    assert skeleton(deepspeed_line(report, 0.0)) == skeleton(sample("deepspeed_step.txt")[0])
+    hf_loss, hf_bar = sample("hf_progress.txt")
+    assert skeleton(hf_log_line(report, epoch=0.01)) == skeleton(hf_loss)
+    long_run = replace(report, step=22, max_steps=1752)
+    assert skeleton(tqdm_line(long_run)) == skeleton(hf_bar)

@@ -676,7 +676,7 @@ def tqdm_line(report: StepReport) -> str:
     if full < width:
         bar += _BAR_PARTS[int((filled - full) * 8)] + " " * (width - full - 1)
     remaining = (report.max_steps - report.step) * report.step_s
-    rate = f"{1 / report.step_s:.2f}it/s" if report.step_s < 1 else f"{report.step_s:.2f}s/it"
+    rate = f"{1 / report.step_s:5.2f}it/s" if report.step_s < 1 else f"{report.step_s:5.2f}s/it"
     return (
         f"{math.floor(fraction * 100):3d}%|{bar}| {report.step}/{report.max_steps} "
         f"[{_clock(report.elapsed_s)}<{_clock(remaining)}, {rate}]"
@@ -696,7 +696,7 @@ def megatron_line(report: StepReport, now: float) -> str:
         f" [{stamp}] iteration {report.step:8d}/{report.max_steps:8d} | "
         f"consumed samples: {report.step * report.global_batch:12d} | "
         f"elapsed time per iteration (ms): {report.step_s * 1000:.1f} | "
-        f"learning rate: {report.learning_rate:.6E} | "
+        f"learning rate: {report.learning_rate:.3E} | "
         f"global batch size: {report.global_batch:5d} | "
         f"lm loss: {report.loss:.6E} | loss scale: 1.0 | grad norm: 1.414 | "
         "number of skipped iterations:   0 | number of nan iterations:   0 |"
@@ -709,7 +709,7 @@ def deepspeed_line(report: StepReport, now: float) -> str:
     return (
         f"[{stamp},{millis:03d}] [INFO] [logging.py:128:log_dist] [Rank 0] "
         f"step={report.step}, skipped=0, lr=[{report.learning_rate:.6g}], "
-        "mom=[(0.9, 0.999)]"
+        "mom=[[0.9, 0.999]]"
     )
 
 
