@@ -354,6 +354,11 @@ def _fragmentation(oom: OomReport) -> tuple[float, str] | None:
 def _capacity_reasons(oom: OomReport) -> list[str]:
     reasons: list[str] = []
     unallocated, requested = oom.reserved_unallocated_bytes, oom.requested_bytes
+    if requested is not None and oom.total_bytes and requested > oom.total_bytes:
+        reasons.append(
+            f"the {format_size(requested)} request alone is larger than the whole"
+            f" {format_size(oom.total_bytes)} card: one tensor of an impossible size"
+        )
     if requested is not None and unallocated is not None:
         if unallocated < requested:
             reasons.append(

@@ -294,3 +294,9 @@ def test_diagnosis_module_imports_no_io() -> None:
             imported.add(node.module)
     forbidden = {"subprocess", "socket", "paramiko", "sqlalchemy", "daemon.process", "os"}
     assert not {name for name in imported if name.split(".")[0] in forbidden or name in forbidden}
+
+
+def test_request_larger_than_the_card_is_said_plainly() -> None:
+    oom = message("37252902.99 GiB", "14.74 GiB", "14.64 GiB", "0 bytes", "0 bytes")
+    verdict = run(LogFindings(oom=oom))
+    assert any("larger than the whole 14.74 GiB card" in reason for reason in verdict.reasons)

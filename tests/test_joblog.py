@@ -227,3 +227,12 @@ def test_real_srun_label_log_from_the_local_cluster() -> None:
     assert (found.rank, found.node, found.step, found.exit_code) == (1, "gpu-02", 3, 1)
     assert found.oom is not None
     assert found.oom.requested_bytes == 3 * 1024**3
+
+
+def test_elastic_error_file_is_read_as_a_whole() -> None:
+    found = scan_log(LOGS / "elastic_error_file.json")
+    assert found.oom is not None
+    assert found.oom.requested_bytes == 40000000005777654
+    assert found.oom.free_bytes == round(1464 * 1024**3 / 100)
+    assert found.frames[-1] == "z"
+    assert found.error_type == "OutOfMemoryError"

@@ -307,6 +307,13 @@ def _scan(
     size = reader.size
     if size == 0:
         return LogFindings(notes=("the log is empty",))
+    if size <= MAX_JSON_CHARS:
+        whole = _decode(reader.read_at(0, size)).strip()
+        if whole.startswith("{") and '"message"' in whole:
+            analysis = _Analysis(step_patterns=step_patterns)
+            _elastic_json(analysis, 0, None, None, whole)
+            if analysis.events:
+                return _findings(analysis, size)
     kept, scanned, notes = _collect_backward(reader, size, block_size, byte_budget, step_patterns)
     analysis = _Analysis(step_patterns=step_patterns, notes=notes)
     for offset, text in kept:
@@ -635,8 +642,11 @@ def _elastic_json(
     callstack = ""
     if isinstance(message, dict):
         extra = message.get("extraInfo")
-        if isinstance(extra, dict) and isinstance(extra.get("py_callstack"), str):
-            callstack = extra["py_callstack"]
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        if isinstance(stack, list):
+            stack = "".join(part for part in stack if isinstance(part, str))
+        if isinstance(stack, str):
+            callstack = stack
         message = message.get("message")
     if not isinstance(message, str):
         return
