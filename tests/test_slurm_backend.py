@@ -299,3 +299,11 @@ def test_cancel_with_a_signal() -> None:
     assert seam.calls == [("scancel", "12"), ("scancel", "--signal=USR1", "--full", "9_1")]
     with pytest.raises(ValueError, match="signal"):
         cli.cancel(12, signal="KILL; rm -rf /")
+
+
+def test_a_script_that_is_not_text_is_refused_before_sbatch() -> None:
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    seam = FakeSeam([])
+    with pytest.raises(SubmissionError, match="not UTF-8"):
+        _cli(seam).submit("#!/bin/bash\necho \udcff\n", as_user=user)
+    assert seam.calls == []

@@ -248,6 +248,15 @@ class SlurmCli:
         """Submit `script` (via stdin) as `as_user`; the job id, or SubmissionError."""
         uid, gid = self._identity_for(as_user)
         try:
+            script.encode()
+        except UnicodeEncodeError as error:
+            raise SubmissionError(
+                f"the script is not UTF-8 text ({error.reason} at {error.start})",
+                argv=["sbatch"],
+                returncode=None,
+                stderr="",
+            ) from error
+        try:
             argv = sbatch_argv(
                 SubmitRequest(
                     comment=comment,
