@@ -397,6 +397,7 @@ def test_show_job_rejects_what_it_cannot_read(text: str) -> None:
 
 def test_sbatch_parsable_answers() -> None:
     assert parse_sbatch_parsable(_text(REAL / "sbatch-parsable.txt")) == (5, None)
+    assert parse_sbatch_parsable(_text(REAL / "sbatch-parsable-cluster.txt")) == (30, "medic-dev")
     assert parse_sbatch_parsable("sbatch: warning: x\n123;medic-dev\n") == (123, "medic-dev")
     for bad in ["", "Submitted batch job 12", "12;a;b", "-1"]:
         with pytest.raises(SlurmParseError):
