@@ -238,3 +238,21 @@ def test_truncated_message_keeps_the_numbers_it_still_has() -> None:
 def test_text_without_oom_is_none() -> None:
     assert parse_oom("ValueError: bad shape (3, 4)") is None
     assert parse_oom("") is None
+
+
+def test_rocm_and_jax_wordings() -> None:
+    hip = parse_oom((DATA / "rocm_hip.txt").read_text())
+    assert hip is not None
+    assert (hip.requested_bytes, hip.total_bytes, hip.free_bytes) == (
+        4831838208,
+        17158394348,
+        1503238554,
+    )
+    assert hip.alloc_conf_var == "PYTORCH_HIP_ALLOC_CONF"
+    big = parse_oom((DATA / "rocm_hip_free_exceeds.txt").read_text())
+    assert big is not None
+    assert (big.gpu_index, big.free_bytes) == (7, 218495723766)
+    xla = parse_oom((DATA / "xla_failed_to_allocate.txt").read_text())
+    assert xla is not None
+    assert xla.family is OomFamily.XLA
+    assert xla.requested_bytes == 184549376

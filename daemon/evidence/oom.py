@@ -30,7 +30,9 @@ def _size(name: str) -> str:
     return SIZE_PATTERN.replace("?P<number>", f"?P<{name}_n>").replace("?P<unit>", f"?P<{name}_u>")
 
 
-_TORCH_OOM = re.compile(r"CUDA out of memory\.|OutOfMemoryError", re.IGNORECASE)
+_TORCH_OOM = re.compile(
+    r"(?:CUDA|HIP|XPU) out of memory\.|OutOfMemoryError|MPS backend out of memory", re.IGNORECASE
+)
 _REQUESTED = re.compile(r"Tried to allocate " + _size("v"))
 _GPU_INDEX = re.compile(r"\(GPU (\d+);|GPU (\d+) has a total capac")
 _TOTAL_OLD = re.compile(_size("v") + r" total capac(?:ity|ty)\b")
@@ -46,11 +48,14 @@ _PRIVATE_POOL = re.compile(r"with " + _size("v") + r" allocated in private pools
 _UNALLOCATED_NEW = re.compile(_size("v") + r" is reserved by PyTorch but unallocated")
 _THIS_PROCESS = re.compile(r"this process has " + _size("v") + r" memory in use")
 _OTHER_PROCESS = re.compile(r"Process (?P<pid>\d+) has " + _size("v") + r" memory in use")
-_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF)\b(?:=([\w:,.]*\w))?")
+_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)\b(?:=([\w:,.]*\w))?")
 _MAX_SPLIT_HINT = re.compile(r"max_split_size_mb")
 
-_XLA = re.compile(r"RESOURCE_EXHAUSTED|Resource exhausted", re.IGNORECASE)
-_XLA_REQUEST = re.compile(r"(?:trying to allocate|allocating) (\d+) bytes")
+_XLA = re.compile(r"RESOURCE_EXHAUSTED|Resource exhausted|OOM when allocating tensor", re.I)
+_XLA_REQUEST = re.compile(r"(?:trying to allocate|allocating) (\d+) bytes|\((\d+)B\)")
+_XLA_REQUEST_SIZE = re.compile(
+    r"(?:trying to allocate|allocate request for|allocating) " + _size("v")
+)
 _NCCL = re.compile(r"NCCL WARN Cuda failure (?:\d+ )?'out of memory'")
 _NCCL_REQUEST = re.compile(r"Failed to CUDA calloc (?:async )?(\d+) bytes")
 _CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
@@ -91,7 +96,7 @@ def detect_family(text: str) -> OomFamily | None:
         return OomFamily.CUDNN
     if _TORCH_OOM.search(text):
         return OomFamily.TORCH_ALLOCATOR
-    if _XLA.search(text) and "memory" in text.lower():
+    if _XLA.search(text) and re.search(r"memory|allocat", text, re.IGNORECASE):
         return OomFamily.XLA
     if _CUDA_RUNTIME.search(text):
         return OomFamily.CUDA_RUNTIME
@@ -108,7 +113,10 @@ def parse_oom(text: str) -> OomReport | None:
     if family is OomFamily.TORCH_ALLOCATOR:
         return _torch_report(message)
     if family is OomFamily.XLA:
-        return OomReport(family=family, message=message, requested_bytes=_int(_XLA_REQUEST, text))
+        requested = _int(_XLA_REQUEST, text)
+        if requested is None:
+            requested = _bytes(_XLA_REQUEST_SIZE, text)
+        return OomReport(family=family, message=message, requested_bytes=requested)
     if family is OomFamily.NCCL:
         return OomReport(family=family, message=message, requested_bytes=_int(_NCCL_REQUEST, text))
     return OomReport(family=family, message=message)
@@ -193,4 +201,6 @@ def _bytes(pattern: re.Pattern[str], text: str) -> int | None:
 
 def _int(pattern: re.Pattern[str], text: str) -> int | None:
     match = pattern.search(text)
-    return None if match is None else int(match.group(1))
+    if match is None:
+        return None
+    return int(next(group for group in match.groups() if group is not None))
