@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, delete, select, text, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
@@ -660,3 +661,38 @@ def test_any_text_survives_the_database(
         stored = db_session.scalars(select(Job).where(Job.slurm_job_id == 77)).one()
         assert repo.job_record(stored) == job
         example.rollback()
+
+
+def test_two_daemons_racing_for_one_relaunch_record_one_intent(empty_db_engine: Engine) -> None:
+    """Two sessions submit the same approved proposal at once: one intent, never two."""
+    upgrade(empty_db_engine)
+    sessions = make_session_factory(empty_db_engine)
+    with sessions() as setup:
+        proposal_id = approved_proposal(setup).id
+        setup.commit()
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def submit() -> None:
+        with sessions() as session:
+            barrier.wait()
+            try:
+                outcomes.append(
+                    repo.record_submit_intent(
+                        session, proposal_id=proposal_id, build_argv=sbatch_argv, actor=DAEMON
+                    )
+                )
+            except (IllegalTransition, OperationalError) as error:
+                session.rollback()
+                outcomes.append(error)
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    intents = [o for o in outcomes if isinstance(o, repo.SubmitIntent)]
+    assert len(outcomes) == 2
+    assert len(intents) == 1
+    with sessions() as reader:
+        assert repo.pending_intents(reader) == intents
