@@ -110,7 +110,7 @@ def wait_for_end(cli: SlurmCli, job_id: int, limit_s: float = 120) -> SlurmJob:
             continue
         if job.std_paths_source is PathSource.CONTROLLER:
             paths_seen = job
-        if job.state.is_terminal() and job.partition is not None:
+        if job.state.is_terminal() and job.accounting_complete:
             if job.std_paths_source is PathSource.UNKNOWN and paths_seen is not None:
                 return replace(
                     job,

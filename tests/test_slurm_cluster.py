@@ -77,11 +77,9 @@ def _wait_finished(cli: SlurmCli, job_id: int, limit_s: float = 90) -> SlurmJob:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         job = _job_soon(cli, job_id)
-        # A job that ends within moments of starting can be read from a placeholder record
-        # slurmdbd made from its steps (name "allocation", group root, no partition, the
-        # batch host as node list) until the real start record lands: wait for that, and
-        # for two equal reads.
-        if job is not None and job.state.is_terminal() and job.partition is not None:
+        # A job that ends within moments of starting can be read from slurmdbd's placeholder
+        # record until the real one lands: wait for that, and for two equal reads.
+        if job is not None and job.state.is_terminal() and job.accounting_complete:
             time.sleep(1.0)
             again = cli.job(job_id)
             if (again.nodes, again.steps) == (job.nodes, job.steps):

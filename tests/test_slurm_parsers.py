@@ -475,3 +475,13 @@ def test_nothing_found_is_an_empty_answer() -> None:
         "jobs": [],
     }
     assert parse_sacct_json(json.dumps(document)).jobs == ()
+
+
+def test_placeholder_record_of_a_job_that_ended_at_once_is_marked_incomplete() -> None:
+    """Caught on the dev cluster: sacct polled every 50 ms after a job that ran for 0 s."""
+    job = _only("placeholder-failed")
+    assert job.state is JobState.FAILED
+    assert (job.name, job.group, job.partition) == ("allocation", "root", None)
+    assert job.nodes == ("gpu-01",)
+    assert not job.accounting_complete
+    assert _only("failed").accounting_complete

@@ -116,6 +116,10 @@ class SlurmJob:
     std_paths_source: PathSource = PathSource.UNKNOWN
     cluster: str | None = None
     killed_by: str | None = None
+    # False for slurmdbd's placeholder record (name "allocation", group root, no partition,
+    # the batch host as node list), made when a step's message beats the job's start record:
+    # a job that ends within moments of starting reads that way for a while. Read it again.
+    accounting_complete: bool = True
 
     @property
     def display_id(self) -> str:

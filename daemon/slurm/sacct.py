@@ -271,6 +271,7 @@ def _parse_json_job(raw: Mapping[str, Any], dialect: JsonDialect) -> SlurmJob:
         std_paths_source=source,
         cluster=_optional_str(raw.get("cluster")),
         killed_by=_optional_str(raw.get("kill_request_user")),
+        accounting_complete=_optional_str(raw.get("partition")) is not None,
     )
 
 
@@ -516,6 +517,7 @@ def _parsable_job(
         steps=steps,
         std_paths_source=PathSource.UNKNOWN,
         killed_by=_cancelled_by(state_raw),
+        accounting_complete=bool(row["Partition"]),
     )
 
 
