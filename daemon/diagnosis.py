@@ -115,8 +115,6 @@ OPTIMIZER_STATE_MAX_STEP = 2
 GROWTH_MAX_REQUEST_SHARE = 0.02
 # Memory neither free nor in PyTorch's cache beyond this share of the card is worth naming.
 OUTSIDE_CACHE_SHARE = 0.25
-# XID codes that mean the GPU or its memory is at fault (fallback when no catalog policy says).
-HARDWARE_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
 
 
 def diagnose(evidence: Evidence, history: History | None = None) -> Diagnosis:
@@ -178,9 +176,7 @@ def _hardware(context: _Context) -> Diagnosis | None:
         return None
     reasons: list[str] = []
     for event in probe.xid_events:
-        if event.policy is XidPolicy.HARDWARE or (
-            event.policy is not XidPolicy.IGNORE and event.code in HARDWARE_XIDS
-        ):
+        if event.policy is XidPolicy.HARDWARE:  # the operator-editable XID catalog decides
             reasons.append(f"XID {event.code} on {probe.node}: {event.meaning}")
     for gpu in probe.gpus:
         if gpu.remap_pending:

@@ -236,3 +236,80 @@ def test_elastic_error_file_is_read_as_a_whole() -> None:
     assert found.oom.free_bytes == round(1464 * 1024**3 / 100)
     assert found.frames[-1] == "z"
     assert found.error_type == "OutOfMemoryError"
+
+
+def _traceback_log(tmp_path: Path, frames: list[tuple[str, str, str]]) -> Path:
+    lines = ["Traceback (most recent call last):"]
+    for path, func, code in frames:
+        lines += [f'  File "{path}", line 1, in {func}', f"    {code}"]
+    lines.append("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB.")
+    log = tmp_path / "tb.log"
+    log.write_text("\n".join(lines) + "\n")
+    return log
+
+
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize(
+    ("frames", "phase"),
+    [
+        (
+            [
+                ("train.py", "main", "engine.backward(loss)"),
+                (
+                    f"{SITE}/deepspeed/runtime/engine.py",
+                    "backward",
+                    "self.optimizer.backward(loss)",
+                ),
+                (f"{SITE}/torch/autograd/graph.py", "_engine_run_backward", "return run()"),
+                (f"{SITE}/deepspeed/runtime/zero/stage_1_and_2.py", "reduce_ipg_grads", "x()"),
+            ],
+            Phase.BACKWARD,
+        ),
+        (
+            [
+                ("train.py", "main", "model.load_state_dict(torch.load(path))"),
+                (f"{SITE}/torch/serialization.py", "load", "return _load(f)"),
+            ],
+            Phase.UNKNOWN,
+        ),
+        (
+            [
+                ("train.py", "main", "trainer.train()"),
+                (f"{SITE}/transformers/trainer.py", "_save_checkpoint", "self.save_model(out)"),
+                (f"{SITE}/torch/serialization.py", "save", "_save(obj)"),
+            ],
+            Phase.CHECKPOINT_SAVE,
+        ),
+        (
+            [
+                ("train.py", "main", "trainer.evaluate()"),
+                (f"{SITE}/transformers/trainer.py", "evaluation_loop", "self.prediction_step()"),
+                (f"{SITE}/torch/nn/modules/module.py", "_call_impl", "return forward_call()"),
+                ("model.py", "forward", "attn = self.self_attn(x)"),
+            ],
+            Phase.EVAL,
+        ),
+        (
+            [
+                ("pretrain_gpt.py", "train_step", "optimizer.step()"),
+                ("megatron/core/optimizer/distrib_optimizer.py", "step_with_ready_grads", "x()"),
+            ],
+            Phase.OPTIMIZER_STEP,
+        ),
+    ],
+)
+def test_phase_from_frames(
+    tmp_path: Path, frames: list[tuple[str, str, str]], phase: Phase
+) -> None:
+    assert scan_log(_traceback_log(tmp_path, frames)).phase is phase
+
+
+def test_heavy_kernels_are_read_from_the_innermost_frames(tmp_path: Path) -> None:
+    frames = [("model.py", "forward", "h = self.attention(x)")] + [
+        ("model.py", "forward", "h = self.mlp(h)") for _ in range(6)
+    ]
+    frames.append((f"{SITE}/torch/nn/modules/linear.py", "forward", "return F.linear(x, w)"))
+    found = scan_log(_traceback_log(tmp_path, frames))
+    assert found.heavy_kernels == ("cublas_matmul",)

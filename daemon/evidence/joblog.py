@@ -48,6 +48,7 @@ LOOKBEHIND_BYTES = 4 * MIB  # how far before the earliest root failure to look f
 MIN_LOOKBEHIND_BYTES = 256 * 1024  # at least this much, to catch another rank failing a bit earlier
 LINE_KEEP_BYTES = 64 * 1024  # of a longer line, keep this much of its head and of its tail
 MAX_JSON_CHARS = MIB  # an elastic error file is small; a bigger "JSON" line is not one
+HEAVY_KERNEL_FRAMES = 6  # the allocation happened in the innermost frames, not in the caller chain
 BINARY_SHARE = 0.3  # above this share of control characters the log is noted as binary
 
 # Literal byte strings that every root failure line holds one of (tested per block, C speed):
@@ -97,10 +98,7 @@ DEFAULT_STEP_PATTERNS = (
 _PHASE_FUNCS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     (
         Phase.CHECKPOINT_SAVE,
-        re.compile(
-            r"^(_?save_checkpoint|save_model|save_pretrained|_save_optimizer_and_scheduler"
-            r"|save_state|consolidate_state_dict|_save_to_state_dict|save_state_dict)$"
-        ),
+        re.compile(r"^(_?save|_?save_\w+|consolidate_state_dict|full_optim_state_dict)$"),
     ),
     (
         Phase.DATA_LOADING,
@@ -120,22 +118,22 @@ _PHASE_FUNCS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
         Phase.OPTIMIZER_STEP,
         re.compile(
             r"^(optimizer_step|_optimizer_step|_single_tensor_\w+|_multi_tensor_\w+|_fused_\w+"
-            r"|_init_group|_take_model_step|initialize_optimizer_states|_update_state)$"
+            r"|_init_group|_take_model_step|initialize_optimizer_states|_update_state"
+            r"|step_with_ready_grads)$"
         ),
     ),
     (Phase.BACKWARD, re.compile(r"^(backward|run_backward|_engine_run_backward)$")),
     (Phase.FORWARD, re.compile(r"^(forward|_call_impl|_wrapped_call_impl|_forward\w*)$")),
 )
 _PHASE_PATHS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
-    (Phase.CHECKPOINT_SAVE, re.compile(r"torch/serialization\.py|distributed/checkpoint/")),
     (Phase.DATA_LOADING, re.compile(r"torch/utils/data/")),
-    (Phase.OPTIMIZER_STEP, re.compile(r"/optim/|/optimizer\w*\.py|deepspeed/runtime/zero/")),
+    (Phase.OPTIMIZER_STEP, re.compile(r"/optim/|optimizer\w*\.py")),
     (Phase.BACKWARD, re.compile(r"torch/autograd/")),
 )
 _PHASE_CODE: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     (Phase.CHECKPOINT_SAVE, re.compile(r"\b(torch\.save|save_checkpoint|save_pretrained)\(")),
     (Phase.EVAL, re.compile(r"\.(generate|evaluate)\(")),
-    (Phase.OPTIMIZER_STEP, re.compile(r"\boptimizer\.step\(|\bopt\.step\(")),
+    (Phase.OPTIMIZER_STEP, re.compile(r"\b(optimizer|opt|model_engine|engine)\.step\(")),
     (Phase.BACKWARD, re.compile(r"\.backward\(")),
 )
 _HEAVY_KERNELS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -814,9 +812,11 @@ def _phase(frames: tuple[_Frame, ...]) -> Phase:
 
 
 def _heavy_kernels(frames: tuple[_Frame, ...]) -> tuple[str, ...]:
+    """Heavy kernels among the innermost frames: where the failed allocation was made."""
     found: list[str] = []
+    innermost = frames[-HEAVY_KERNEL_FRAMES:]
     for label, pattern in _HEAVY_KERNELS:
-        for frame in frames:
+        for frame in innermost:
             if pattern.search(f"{frame.func} {frame.path.rsplit('/', 1)[-1]} {frame.code}"):
                 found.append(label)
                 break
