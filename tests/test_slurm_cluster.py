@@ -223,6 +223,25 @@ def test_finished_jobs_is_one_sacct_call_for_many_jobs(cli: SlurmCli, work_dir: 
     assert all(found[job_id].steps for job_id in ids)
 
 
+def test_parsable2_fallback_reads_the_same_jobs(cli: SlurmCli, work_dir: str) -> None:
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    job_id = cli.submit(
+        "#!/bin/bash\nsrun true\nexit 9\n",
+        as_user=USER,
+        work_dir=work_dir,
+        extra_args=["--nodes=2", "--job-name=fallback name", "--output=/dev/null"],
+    )
+    from_json = _wait_finished(cli, job_id)
+    window = (since, datetime.now(UTC) + timedelta(seconds=5))
+    fallback = SlurmCli(json_output=False)
+    (from_text,) = [job for job in fallback.finished_jobs(*window) if job.job_id == job_id]
+    assert (from_text.exit_code, from_text.exit_signal) == (9, 0)
+    assert (from_json.exit_code, from_json.exit_signal) == (9, 0)
+    for field in ("name", "user", "state", "nodes", "batch_host", "start_time", "end_time"):
+        assert getattr(from_text, field) == getattr(from_json, field), field
+    assert [s.step_id for s in from_text.steps] == [s.step_id for s in from_json.steps]
+
+
 def test_drain_resume_and_the_medic_rule(cli: SlurmCli) -> None:
     reason = f"medic: test drain {uuid.uuid4().hex[:6]}"
     try:

@@ -133,7 +133,8 @@ class SlurmCli:
     Reads are retried `attempts` times with exponential backoff when slurmctld/slurmdbd does
     not answer, then `SlurmUnavailable`; the worst case is bounded by
     `attempts * timeout_s + backoff_s * (2**(attempts-1) - 1)`. Submissions are never
-    retried: a lost answer may hide an accepted job.
+    retried: a lost answer may hide an accepted job. `json_output=False` reads sacct's
+    `--parsable2` from the start (it is also the automatic fallback where `--json` is missing).
     """
 
     def __init__(
@@ -148,6 +149,7 @@ class SlurmCli:
         euid: int | None = None,
         local_tz: tzinfo | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        json_output: bool = True,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
@@ -160,7 +162,7 @@ class SlurmCli:
         self._euid = os.geteuid() if euid is None else euid
         self._local_tz = local_tz
         self._clock = clock
-        self._json = True
+        self._json = json_output
 
     # -- jobs -------------------------------------------------------------------------------
 
