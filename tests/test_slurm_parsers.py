@@ -192,7 +192,7 @@ def test_v0_0_40_patterns_and_no_value_numbers() -> None:
     assert report.slurm_release == "23.11.4"
     failed, oom = report.jobs
     assert (failed.state, failed.exit_code, failed.exit_signal) == (JobState.FAILED, 1, 0)
-    assert failed.stdout_path == "/home/alice/run/%x-%j.out"
+    assert failed.stdout_path == "/home/alice/run/train-llama-101.out"
     assert failed.std_paths_source is PathSource.ACCOUNTING_PATTERN
     assert failed.start_time == datetime.fromtimestamp(1763780010, tz=UTC)
     assert failed.steps[1].end_time == datetime.fromtimestamp(1763780049, tz=UTC)
@@ -258,6 +258,11 @@ def test_truncated_json_is_a_clear_parse_error(cut: int) -> None:
             '{"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "jobs": '
             '[{"job_id": 1, "nodes": "gpu-[01-"}]}',
             "hostlist",
+        ),
+        (
+            '{"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "jobs": '
+            '[{"job_id": 1, "time": [1, 2]}]}',
+            "AttributeError",
         ),
         (
             '{"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "errors": '

@@ -61,6 +61,7 @@ class PathSource(StrEnum):
     """Where a job's stdout/stderr paths came from, so a reader knows how far to trust them."""
 
     ACCOUNTING = "accounting"
+    # accounting kept only the pattern (23.11); slurm-medic expanded it (%N as the batch host)
     ACCOUNTING_PATTERN = "accounting-pattern"
     CONTROLLER = "controller"
     UNKNOWN = "unknown"

@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import expand_hostlist
+from daemon.slurm.paths import PathContext, expand_std_path
 from daemon.slurm.records import JobState, PathSource, SlurmJob, SlurmStep
 
 # Largest sacct JSON accepted before parsing: a bound against a runaway window, not a limit
@@ -159,7 +160,7 @@ def parse_sacct_json(text: str) -> SacctReport:
     for index, raw in enumerate(raw_jobs):
         try:
             jobs.append(_parse_json_job(_mapping(raw, "job"), dialect))
-        except (KeyError, TypeError, ValueError) as error:
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise SlurmParseError(
                 f"job #{index}: {type(error).__name__}: {error}",
                 source=f"sacct --json ({dialect})",
@@ -237,12 +238,24 @@ def _parse_json_job(raw: Mapping[str, Any], dialect: JsonDialect) -> SlurmJob:
         _parse_json_step(_mapping(step, "step"), dialect) for step in raw.get("steps") or []
     )
     array_job_id = _optional_int(array.get("job_id")) or None
+    array_task_id = _optional_int(array.get("task_id")) if array_job_id else None
     het_job_id = _optional_int(het.get("job_id")) or None
-    stdout, stderr, source = _std_paths(raw, dialect)
-    return SlurmJob(
+    name = str(raw.get("name") or "")
+    user = str(raw.get("user") or "")
+    work_dir = _optional_str(raw.get("working_directory"))
+    context = PathContext(
         job_id=int(raw["job_id"]),
-        name=str(raw.get("name") or ""),
-        user=str(raw.get("user") or ""),
+        name=name,
+        user=user,
+        first_node=_batch_host(steps),
+        array_job_id=array_job_id,
+        array_task_id=array_task_id,
+    )
+    stdout, stderr, source = _std_paths(raw, dialect, context, work_dir)
+    return SlurmJob(
+        job_id=context.job_id,
+        name=name,
+        user=user,
         uid=_optional_int(raw.get("uid")),
         group=_optional_str(raw.get("group")),
         account=_optional_str(raw.get("account")),
@@ -260,11 +273,11 @@ def _parse_json_job(raw: Mapping[str, Any], dialect: JsonDialect) -> SlurmJob:
         end_time=_epoch(times.get("end")),
         stdout_path=stdout,
         stderr_path=stderr,
-        work_dir=_optional_str(raw.get("working_directory")),
+        work_dir=work_dir,
         comment=_optional_str(comment.get("job")) if isinstance(comment, dict) else None,
         restart_count=_optional_int(raw.get("restart_cnt")) or 0,
         array_job_id=array_job_id,
-        array_task_id=_optional_int(array.get("task_id")) if array_job_id else None,
+        array_task_id=array_task_id,
         het_job_id=het_job_id,
         het_job_offset=_optional_int(het.get("job_offset")) if het_job_id else None,
         steps=steps,
@@ -276,9 +289,9 @@ def _parse_json_job(raw: Mapping[str, Any], dialect: JsonDialect) -> SlurmJob:
 
 
 def _std_paths(
-    raw: Mapping[str, Any], dialect: JsonDialect
+    raw: Mapping[str, Any], dialect: JsonDialect, context: PathContext, work_dir: str | None
 ) -> tuple[str | None, str | None, PathSource]:
-    """Expanded paths from v0.0.41+, raw patterns from v0.0.40; 22.05 does not store them."""
+    """Expanded paths from v0.0.41+; v0.0.40's patterns expanded here; 22.05 stores none."""
     if dialect is JsonDialect.DBV0_0_38:
         return None, None, PathSource.UNKNOWN
     stdout = _optional_str(raw.get("stdout_expanded"))
@@ -286,10 +299,14 @@ def _std_paths(
     if stdout or stderr:
         return stdout, stderr or stdout, PathSource.ACCOUNTING
     stdout = _optional_str(raw.get("stdout"))
-    stderr = _optional_str(raw.get("stderr"))
-    if stdout or stderr:
-        return stdout, stderr or stdout, PathSource.ACCOUNTING_PATTERN
-    return None, None, PathSource.UNKNOWN
+    stderr = _optional_str(raw.get("stderr")) or stdout
+    if stdout is None and stderr is None:
+        return None, None, PathSource.UNKNOWN
+    return (
+        expand_std_path(stdout, context, work_dir=work_dir) if stdout else None,
+        expand_std_path(stderr, context, work_dir=work_dir) if stderr else None,
+        PathSource.ACCOUNTING_PATTERN,
+    )
 
 
 def _parse_json_step(raw: Mapping[str, Any], dialect: JsonDialect) -> SlurmStep:
