@@ -1,13 +1,15 @@
-"""Alembic's entry point: runs migrations on the connection `daemon.store.schema` hands over."""
+"""Alembic's entry point: runs migrations on the connection `daemon.store.schema` hands over.
+
+Engines come only from `daemon.store.engine.make_engine` (SQLite pragmas, psycopg 3), so this
+file opens none of its own: run migrations through `slurm-medic db` or `daemon.store.schema`.
+"""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection
 
-from daemon.store.engine import make_engine
 from daemon.store.models import Base
-from daemon.store.settings import StoreSettings
 
 
 def _run(connection: Connection) -> None:
@@ -21,22 +23,9 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
 
 
-def _run_online() -> None:
-    connection = context.config.attributes.get("connection")
-    if isinstance(connection, Connection):
-        _run(connection)
-        return
-    url = context.config.get_main_option("sqlalchemy.url")
-    if not url:
-        raise RuntimeError("no database given: pass a connection or set sqlalchemy.url")
-    engine = make_engine(StoreSettings(url=url))
-    try:
-        with engine.connect() as own_connection:
-            _run(own_connection)
-    finally:
-        engine.dispose()
-
-
 if context.is_offline_mode():
     raise RuntimeError("offline (SQL script) migrations are not supported; run against a database")
-_run_online()
+_connection = context.config.attributes.get("connection")
+if not isinstance(_connection, Connection):
+    raise RuntimeError("run migrations with `slurm-medic db upgrade`, which passes a connection")
+_run(_connection)

@@ -23,16 +23,14 @@ def migrations_dir() -> Path:
     return Path(str(files("migrations")))
 
 
-def alembic_config(engine: Engine | None = None) -> Config:
-    """An Alembic config built in code (no alembic.ini to ship or to find)."""
+def alembic_config() -> Config:
+    """An Alembic config built in code: no alembic.ini to ship, no URL or password in it."""
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option(
         "file_template",
         "%%(year)d_%%(month).2d_%%(day).2d_%%(hour).2d%%(minute).2d-%%(rev)s_%%(slug)s",
     )
-    if engine is not None:
-        config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
     return config
 
 
@@ -58,7 +56,7 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 
 def _run_command(engine: Engine, verb: str, revision: str) -> None:
-    config = alembic_config(engine)
+    config = alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         getattr(command, verb)(config, revision)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_STATE_DIR = Path("/var/lib/slurm-medic")
 
 
 def sqlite_url(path: Path) -> str:
     """A SQLAlchemy URL for a SQLite file; the path is absolute so the cwd never matters."""
-    return f"sqlite+pysqlite:///{path.resolve()}"
+    return f"sqlite+pysqlite:///{path.absolute()}"
 
 
 class StoreSettings(BaseModel):
@@ -27,7 +27,7 @@ class StoreSettings(BaseModel):
     pool_timeout_s: float = Field(default=30.0, gt=0)
     sqlite_busy_timeout_ms: int = Field(default=5000, ge=0)
 
-    model_config = {"frozen": True, "extra": "forbid"}
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     @field_validator("url")
     @classmethod
