@@ -28,7 +28,7 @@ from jinja2 import StrictUndefined, Undefined
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from daemon.checkpoints import CheckpointLayout, CheckpointSpec
+from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointSpec
 from daemon.dialects import get_dialect
 from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue, Role
 
@@ -399,6 +399,20 @@ def apply_patch(
         )
     )
     return TemplateRevision(revision_id, template.name, parent.id, knobs, script, diff, patch)
+
+
+def resume_patch(template: LaunchTemplate, knobs: Knobs, checkpoint: Checkpoint) -> Patch:
+    """The patch that makes a revision resume from `checkpoint`, written the dialect's way."""
+    dialect = template.dialect
+    resume_knob = dialect.roles[Role.RESUME]
+    changes = [KnobChange(resume_knob, knobs[resume_knob], checkpoint.resume_path)]
+    tag_knob = dialect.knob_for(Role.RESUME_TAG)
+    if tag_knob is not None:
+        changes.append(KnobChange(tag_knob, knobs[tag_knob], checkpoint.tag or ""))
+    return Patch(
+        tuple(change for change in changes if change.before != change.after),
+        f"resume from {checkpoint.path} (step {checkpoint.step})",
+    )
 
 
 def diff_revisions(first: TemplateRevision, second: TemplateRevision) -> str:
@@ -1022,7 +1036,7 @@ def _imported_script(
     parts += ["{{ env_exports }}"]
     if dialect.name == "deepspeed":
         parts += [
-            'DS_CONFIG="${SLURM_SUBMIT_DIR:-.}/.ds_config.${SLURM_JOB_ID}.json"',
+            'DS_CONFIG="$PWD/.ds_config.${SLURM_JOB_ID}.json"',
             "cat > \"$DS_CONFIG\" <<'MEDIC_DS_CONFIG'",
             "{{ config_json }}",
             "MEDIC_DS_CONFIG",

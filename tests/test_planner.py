@@ -242,7 +242,7 @@ def test_budgets_and_different_failures_stop_the_lineage() -> None:
 
 def test_never_back_into_a_config_that_already_died() -> None:
     hf = example("hf-trainer")
-    halved = {**hf.knobs, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8}
+    halved = {**hf.knobs, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 16}
     died = Attempt(
         remediator="recompute_full",
         rung=1,

@@ -295,7 +295,7 @@ def test_sequence_length_is_never_a_silent_change() -> None:
         diagnosis(FailureKind.WORKSPACE_SPIKE), example("megatron")
     )
     assert proposal.changes_science
-    assert proposal.changes[0].after == 2048
+    assert proposal.changes[0].after == 1024
     assert "bucketing" in proposal.rationale
     assert not SequenceLengthDown().applies(
         diagnosis(FailureKind.TRUE_OOM), example("hf-trainer", max_seq_length=0)

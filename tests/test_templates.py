@@ -209,27 +209,27 @@ def test_a_patch_makes_a_child_revision_with_the_diff(hf: LaunchTemplate) -> Non
     first = initial_revision(hf)
     patch = Patch(
         (
-            KnobChange("per_device_train_batch_size", 8, 4),
-            KnobChange("gradient_accumulation_steps", 4, 8),
+            KnobChange("per_device_train_batch_size", 4, 2),
+            KnobChange("gradient_accumulation_steps", 8, 16),
         ),
         "halve micro",
     )
     child = apply_patch(hf, first, patch)
     assert child.parent == first.id
     assert child.patch == patch
-    assert child.knobs["per_device_train_batch_size"] == 4
-    assert "--per_device_train_batch_size 4" in child.script
+    assert child.knobs["per_device_train_batch_size"] == 2
+    assert "--per_device_train_batch_size 2" in child.script
     changed = [line for line in child.diff.splitlines() if line[:1] in "+-"]
     assert changed == [
         f"--- hf-trainer-example@{first.id}",
         f"+++ hf-trainer-example@{child.id}",
-        "-    --per_device_train_batch_size 8 \\",
-        "-    --gradient_accumulation_steps 4 \\",
-        "+    --per_device_train_batch_size 4 \\",
-        "+    --gradient_accumulation_steps 8 \\",
+        "-    --per_device_train_batch_size 4 \\",
+        "-    --gradient_accumulation_steps 8 \\",
+        "+    --per_device_train_batch_size 2 \\",
+        "+    --gradient_accumulation_steps 16 \\",
     ]
     assert diff_revisions(first, child) == child.diff
-    assert first.knobs["per_device_train_batch_size"] == 8  # the parent is untouched
+    assert first.knobs["per_device_train_batch_size"] == 4  # the parent is untouched
 
 
 def test_patches_are_refused_when_stale_empty_or_invalid(hf: LaunchTemplate) -> None:
@@ -237,11 +237,11 @@ def test_patches_are_refused_when_stale_empty_or_invalid(hf: LaunchTemplate) -> 
     with pytest.raises(TemplateError, match="expects per_device_train_batch_size=16"):
         apply_patch(hf, first, Patch((KnobChange("per_device_train_batch_size", 16, 4),), "x"))
     with pytest.raises(TemplateError, match="changes nothing"):
-        apply_patch(hf, first, Patch((KnobChange("per_device_train_batch_size", 8, 8),), "x"))
+        apply_patch(hf, first, Patch((KnobChange("per_device_train_batch_size", 4, 4),), "x"))
     with pytest.raises(TemplateError, match="below the minimum"):
-        apply_patch(hf, first, Patch((KnobChange("per_device_train_batch_size", 8, 0),), "x"))
+        apply_patch(hf, first, Patch((KnobChange("per_device_train_batch_size", 4, 0),), "x"))
     with pytest.raises(TemplateError, match="unknown knob"):
-        apply_patch(hf, first, Patch((KnobChange("batch", 8, 4),), "x"))
+        apply_patch(hf, first, Patch((KnobChange("batch", 4, 2),), "x"))
 
 
 def test_revision_ids_are_content_hashes(hf: LaunchTemplate) -> None:
