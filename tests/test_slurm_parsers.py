@@ -490,3 +490,70 @@ def test_placeholder_record_of_a_job_that_ended_at_once_is_marked_incomplete() -
     assert job.nodes == ("gpu-01",)
     assert not job.accounting_complete
     assert _only("failed").accounting_complete
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found += _paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found += _paths(child, (*prefix, index))
+    return found
+
+
+_SAMPLE_DOCUMENTS = [
+    json.loads(_text(REAL / "multi-step.json")),
+    json.loads(_text(SCHEMA / "sacct-v0.0.41.json")),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_any_mangled_document_parses_or_fails_cleanly(data: st.DataObject) -> None:
+    """Whatever value lands wherever in a real document: a result or SlurmParseError, no crash."""
+    document = json.loads(json.dumps(data.draw(st.sampled_from(_SAMPLE_DOCUMENTS))))
+    path = data.draw(st.sampled_from(_paths(document)[1:]))
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = data.draw(_JSON_VALUES)
+    try:
+        report = parse_sacct_json(json.dumps(document))
+    except SlurmParseError:
+        return
+    assert len(report.jobs) == len(document["jobs"])
+    assert all(isinstance(job.state, JobState) for job in report.jobs)
+    assert all(isinstance(step.step_id, str) for job in report.jobs for step in job.steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_mangled_scontrol_text_parses_or_fails_cleanly(data: st.DataObject) -> None:
+    """Real scontrol lines with a stretch replaced by odd text: a record or SlurmParseError."""
+    name = data.draw(st.sampled_from(["scontrol-show-job-failed.txt", "scontrol-show-nodes.txt"]))
+    text = _text(REAL / name)
+    start = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(start, min(len(text), start + 40)))
+    filler = data.draw(st.text(alphabet="=[]@() \n+*:-,0123456789abXYZ", max_size=20))
+    mangled = text[:start] + filler + text[end:]
+    try:
+        if name.startswith("scontrol-show-job"):
+            job = parse_show_job(mangled)
+            assert isinstance(job.job_id, int)
+            assert job.restart_count >= 0
+        else:
+            nodes = parse_show_nodes(mangled, local_tz=UTC)
+            assert all(node.name for node in nodes)
+    except SlurmParseError:
+        return

@@ -93,6 +93,8 @@ def parse_show_nodes(text: str, *, local_tz: tzinfo | None = None) -> tuple[Slur
 
 def _node_from_fields(record: str, local_tz: tzinfo | None) -> SlurmNode:
     fields = split_fields(record)
+    if not fields.get("NodeName"):
+        raise SlurmParseError("empty NodeName", source="scontrol show node", excerpt=record)
     reason_text, reason_user, reason_time = _split_reason(_reason_value(record), local_tz)
     base, flags = parse_node_state(fields.get("State", "UNKNOWN"))
     return SlurmNode(
@@ -242,8 +244,16 @@ def parse_show_job(text: str) -> ControllerJob:
         work_dir=_none_if_null(tail.get("WorkDir")),
         stdout_path=_none_if_null(tail.get("StdOut")),
         stderr_path=_none_if_null(tail.get("StdErr")),
-        restart_count=int(tail.get("Restarts", "0") or 0),
+        restart_count=_count(tail.get("Restarts"), record),
     )
+
+
+def _count(value: str | None, record: str) -> int:
+    if value is None or value == "":
+        return 0
+    if not value.isdigit():
+        raise SlurmParseError("Restarts is not a count", source="scontrol show job", excerpt=record)
+    return int(value)
 
 
 def _none_if_null(value: str | None) -> str | None:
