@@ -4,7 +4,7 @@ PyTorch's allocator prints sizes with two decimals in the largest binary unit th
 number at or below 1024 (`20.00 MiB`, `1024.00 KiB`, `8.13 GiB`), so a printed figure is the
 true size rounded to 0.01 of its unit. We cannot recover the bytes that rounding threw away:
 `parse_size` returns the byte count of exactly what was printed (`8.13 GiB` is
-8.13 x 2**30 = 8729520619.52, rounded half-to-even to 8729520620 bytes), and `format_size`
+8.13 x 2**30 = 8729521029.12, rounded (half to even) to 8729521029 bytes), and `format_size`
 prints the way PyTorch does, so `parse_size(format_size(n))` is within half a printed
 hundredth of the unit of `n`.
 """
