@@ -103,6 +103,9 @@ FREE_EXCESS_MARGIN_BYTES = 32 * 1024 * 1024
 # A CUDA context alone holds ~300-500 MiB; other processes holding more than this on our GPU
 # are doing real work there (a co-tenant), not leftovers.
 COTENANT_MIN_BYTES = 512 * 1024 * 1024
+# Several small holders look like a job's own ranks each opening a context on one GPU.
+STRAY_CONTEXT_MIN_COUNT = 3
+STRAY_CONTEXT_MAX_BYTES = 1024 * 1024 * 1024
 # A single request of this share of the card inside attention/matmul/conv/MoE frames is a
 # workspace spike rather than the model's steady state.
 WORKSPACE_SPIKE_SHARE = 0.10
@@ -229,6 +232,15 @@ def _cotenant(context: _Context) -> Diagnosis | None:
                 )
     if not reasons:
         return None
+    listed = [p for p in (oom.other_processes if oom else ()) if p.pid in pids]
+    if len(listed) >= STRAY_CONTEXT_MIN_COUNT and all(
+        p.bytes < STRAY_CONTEXT_MAX_BYTES for p in listed
+    ):
+        reasons.append(
+            f"{len(listed)} processes hold under {format_size(STRAY_CONTEXT_MAX_BYTES)} each:"
+            " if they are this job's other ranks, they opened a CUDA context on this GPU"
+            " (set the device before any CUDA call)"
+        )
     if oom is not None and oom.requested_bytes is not None:
         others = sum(p.bytes for p in oom.other_processes if p.pid in pids)
         if others >= oom.requested_bytes:

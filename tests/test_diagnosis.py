@@ -300,3 +300,18 @@ def test_request_larger_than_the_card_is_said_plainly() -> None:
     oom = message("37252902.99 GiB", "14.74 GiB", "14.64 GiB", "0 bytes", "0 bytes")
     verdict = run(LogFindings(oom=oom))
     assert any("larger than the whole 14.74 GiB card" in reason for reason in verdict.reasons)
+
+
+def test_many_small_holders_are_named_as_possible_stray_contexts() -> None:
+    oom = parse_oom(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a"
+        " total capacity of 79.15 GiB of which 200.00 MiB is free. Process 11 has 600.00 MiB"
+        " memory in use. Process 12 has 600.00 MiB memory in use. Process 13 has 600.00 MiB"
+        " memory in use. Including non-PyTorch memory, this process has 77.00 GiB memory in"
+        " use. Of the allocated memory 75.00 GiB is allocated by PyTorch, and 1.00 GiB is"
+        " reserved by PyTorch but unallocated."
+    )
+    assert oom is not None
+    verdict = run(LogFindings(oom=oom))
+    assert verdict.kind is FailureKind.COTENANT
+    assert any("opened a CUDA context on this GPU" in reason for reason in verdict.reasons)

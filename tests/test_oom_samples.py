@@ -256,3 +256,25 @@ def test_rocm_and_jax_wordings() -> None:
     assert xla is not None
     assert xla.family is OomFamily.XLA
     assert xla.requested_bytes == 184549376
+
+
+@pytest.mark.parametrize(
+    ("text", "family"),
+    [
+        (
+            "RuntimeError: cuda runtime error (2) : out of memory at"
+            " /pytorch/aten/src/THC/generic/THCStorage.cu:58",
+            OomFamily.CUDA_RUNTIME,
+        ),
+        (
+            "slurmstepd: error: Job 1234 exceeded memory limit (8388608 > 8192000), being killed",
+            OomFamily.HOST_RAM,
+        ),
+        ("slurmstepd: error: Exceeded step memory limit at some point.", OomFamily.HOST_RAM),
+        ("Memory cgroup out of memory: Killed process 4321 (python)", OomFamily.HOST_RAM),
+    ],
+)
+def test_older_runtime_and_slurm_wordings(text: str, family: OomFamily) -> None:
+    report = parse_oom(text)
+    assert report is not None
+    assert report.family is family

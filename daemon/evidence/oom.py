@@ -62,6 +62,7 @@ _CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
 _CUDNN = re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)", re.IGNORECASE)
 _CUDA_RUNTIME = re.compile(
     r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+    r"|cuda runtime error \(2\) : out of memory"
 )
 _HOST_RAM = re.compile(
     r"Detected \d+ oom[-_]kill event"
@@ -71,6 +72,8 @@ _HOST_RAM = re.compile(
     r"|Memory cgroup out of memory"
     r"|DataLoader worker \(pids?(?:\(s\))? [\d, ]+\) is killed by signal: Killed"
     r"|\bKilled process \d+ \("
+    r"|[Ee]xceeded (?:job|step) memory limit"
+    r"|exceeded memory limit \(\d+ > \d+\), being killed"
     r"|(?P<sigkill>"
     r"^\s*Killed\s*$"
     r"|line \d+:\s+\d+ Killed\b"
