@@ -557,3 +557,35 @@ def test_mangled_scontrol_text_parses_or_fails_cleanly(data: st.DataObject) -> N
             assert all(node.name for node in nodes)
     except SlurmParseError:
         return
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_mangled_parsable2_parses_or_fails_cleanly(data: st.DataObject) -> None:
+    text = _text(REAL / data.draw(st.sampled_from(["multi-step.parsable2", "array.parsable2"])))
+    start = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(start, min(len(text), start + 30)))
+    filler = data.draw(st.text(alphabet="\x1f\n:_.+-0123456789abT", max_size=12))
+    try:
+        report = parse_sacct_parsable(text[:start] + filler + text[end:], local_tz=UTC)
+    except SlurmParseError:
+        return
+    assert all(isinstance(job.job_id, int) for job in report.jobs)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("UID", "alice", "expected an integer"),
+        ("ExitCode", "1-0", "N:M"),
+        ("Start", "yesterday", "YYYY"),
+        ("JobIDRaw", "abc", "not a number"),
+        ("NodeList", "gpu-[1-", "hostlist"),
+    ],
+)
+def test_bad_parsable2_values_are_parse_errors(field: str, value: str, message: str) -> None:
+    line = _text(REAL / "failed.parsable2").split("\n")[0]
+    fields = line.split(PARSABLE_DELIMITER)
+    fields[PARSABLE_FIELDS.index(field)] = value
+    with pytest.raises(SlurmParseError, match=message):
+        parse_sacct_parsable(PARSABLE_DELIMITER.join(fields), local_tz=UTC)

@@ -433,7 +433,13 @@ def parse_sacct_parsable(text: str, *, local_tz: tzinfo | None = None) -> SacctR
     A name or comment with a newline splits a row across lines; rows are joined back until
     they hold every field. Steps (`123.batch`) are nested into their job.
     """
-    rows = _parsable_rows(text)
+    try:
+        return _parse_parsable_rows(_parsable_rows(text), local_tz)
+    except (TypeError, ValueError) as error:
+        raise SlurmParseError(str(error), source="sacct --parsable2") from error
+
+
+def _parse_parsable_rows(rows: list[dict[str, str]], local_tz: tzinfo | None) -> SacctReport:
     jobs: dict[str, dict[str, str]] = {}
     steps: dict[str, list[SlurmStep]] = {}
     order: list[str] = []
