@@ -14,6 +14,7 @@ are plain values; `RevisionDir` keeps them as JSON files under the template's `r
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import re
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
-from jinja2 import StrictUndefined, Undefined
+from jinja2 import StrictUndefined, Template, Undefined
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -97,6 +98,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
     environment.filters["sh"] = shell_quote
     environment.filters["shjoin"] = shell_join
     return environment
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str) -> Template:
+    """Compiling is most of a render's cost; a daemon renders the same few sources again."""
+    return _environment().from_string(source)
 
 
 VarValue = str | tuple[str, ...]
@@ -200,7 +207,7 @@ def render(template: LaunchTemplate, knobs: Knobs | None = None) -> str:
             "vars": dict(template.variables),
             "name": template.name,
         }
-        return _environment().from_string(template.script_source).render(context)
+        return _compiled(template.script_source).render(context)
     except (JinjaTemplateError, KnobError) as error:
         raise TemplateError(f"template {template.name}: {error}") from error
 

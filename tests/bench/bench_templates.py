@@ -1,0 +1,143 @@
+"""What the planning half of a relaunch costs: render, patch+diff, plan, import, checkpoint scan.
+
+Each figure is the median of several runs. The checkpoint scan is timed over real directory
+trees in a temporary directory: N half-written HF checkpoints above one complete one (the worst
+case: every candidate is opened before the good one is found).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from daemon.checkpoints import CheckpointLayout, CheckpointSpec, find_last_good
+from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
+from daemon.evidence.records import OomFamily, OomReport
+from daemon.planner import Attempt, LineageHistory, Outcome, PlannerPolicy, Proposal, plan
+from daemon.templates import (
+    KnobChange,
+    Patch,
+    apply_patch,
+    import_script,
+    initial_revision,
+    load_template,
+    render,
+)
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXAMPLES = ROOT / "launch_templates"
+DATA = ROOT / "tests" / "data" / "sbatch"
+GIB = 1024**3
+
+
+def median_s(action: Callable[[], object], runs: int) -> float:
+    timings = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        action()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def report(what: str, seconds: float) -> None:
+    print(f"{what:62} {seconds * 1000:9.3f} ms", flush=True)
+
+
+def walk_ladder(example: str) -> int:
+    """Plan, apply, and plan again until the true-OOM ladder refuses; returns the rung count."""
+    template = load_template(EXAMPLES / example)
+    diagnosis = Diagnosis(
+        kind=FailureKind.TRUE_OOM,
+        confidence=Confidence.HIGH,
+        reasons=(),
+        onset=Onset.STEP0,
+        step=0,
+        oom=OomReport(family=OomFamily.TORCH_ALLOCATOR, message="", requested_bytes=2 * GIB),
+    )
+    revision = initial_revision(template)
+    attempts: list[Attempt] = []
+    while True:
+        result = plan(diagnosis, template, LineageHistory(tuple(attempts)), PlannerPolicy())
+        if not isinstance(result, Proposal):
+            return len(attempts)
+        revision = apply_patch(template, revision, result.patch)
+        attempts.append(
+            Attempt(
+                result.remediation.remediator,
+                result.rung,
+                FailureKind.TRUE_OOM,
+                dict(template.knobs),
+                dict(revision.knobs),
+                Outcome.SAME_FAILURE,
+                0,
+                5,
+            )
+        )
+        template = dataclasses.replace(template, knobs=revision.knobs)
+
+
+def read_data(path: str) -> str:
+    return (DATA / path).read_text()
+
+
+def checkpoint_tree(root: Path, half_written: int) -> None:
+    good = root / "checkpoint-1"
+    good.mkdir(parents=True)
+    (good / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    (good / "model.safetensors").write_text("w")
+    for step in range(2, half_written + 2):
+        directory = root / f"checkpoint-{step}"
+        directory.mkdir()
+        (directory / "model.safetensors").write_text("w")
+
+
+def main() -> None:
+    for directory in sorted(path for path in EXAMPLES.iterdir() if path.is_dir()):
+        template = load_template(directory)
+        report(f"render {directory.name}", median_s(partial(render, template), 200))
+        first = initial_revision(template)
+        knob = "env"
+        env = dict(first.knobs[knob])  # type: ignore[arg-type]
+        env["BENCH"] = "1"
+        patch = Patch((KnobChange(knob, first.knobs[knob], tuple(sorted(env.items()))),), "b")
+        report(
+            f"apply_patch (validate + render + diff) {directory.name}",
+            median_s(partial(apply_patch, template, first, patch), 200),
+        )
+    for example in ("megatron", "hf-trainer"):
+        rungs = walk_ladder(example)
+        seconds = median_s(partial(walk_ladder, example), 20)
+        report(f"true-OOM ladder walk {example} ({rungs} plans + patches)", seconds)
+    for script, dialect in (
+        ("hf_run_clm.sbatch", "hf"),
+        ("megatron_gpt.sbatch", "megatron"),
+        ("deepspeed_zero.sbatch", "deepspeed"),
+        ("torchrun_env.sbatch", "torchrun"),
+    ):
+        text = (DATA / script).read_text()
+        seconds = median_s(
+            partial(import_script, text, dialect_name=dialect, name="b", read_file=read_data), 100
+        )
+        report(f"import {script}", seconds)
+    for count in (1_000, 10_000):
+        with tempfile.TemporaryDirectory() as temporary:
+            root = Path(temporary)
+            checkpoint_tree(root, count)
+            spec = CheckpointSpec(CheckpointLayout.HF, str(root))
+            found = find_last_good(spec)
+            if found.found is None or len(found.skipped) != count:
+                raise RuntimeError(f"checkpoint scan found {found}")
+            report(
+                f"checkpoint scan, {count} half-written above the good one",
+                median_s(partial(find_last_good, spec), 5),
+            )
+
+
+if __name__ == "__main__":
+    main()
