@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from daemon.diagnosis import Diagnosis, FailureKind, MidRunCause, Onset
 from daemon.dialects.base import Knobs, KnobValue
-from daemon.templates import LaunchTemplate, Patch, TemplateError
+from daemon.templates import LaunchTemplate, Patch, TemplateError, render
 from remediators.base import Lever, RemediationProposal, Remediator
 from remediators.registry import BY_NAME
 
@@ -264,6 +264,8 @@ def _why_skip(
         return f"its patch does not apply: {error}"
     if knobs_after in dead_configs:
         return "it leads back to a config that already died in this lineage"
+    if render(template, knobs_after) == render(template):
+        return "its change would not reach the rendered script"
     return remediation, patch, knobs_after
 
 

@@ -396,6 +396,11 @@ def apply_patch(
     """A new revision: the parent's knobs moved by the patch, rendered, diffed with the parent."""
     knobs = patch.apply(template.dialect, parent.knobs)
     script = render(template, knobs)
+    if script == parent.script:
+        raise TemplateError(
+            f"patch ({patch.describe()}) does not change the rendered script: "
+            "the lever would never reach the job"
+        )
     revision_id = _revision_id(parent.id, knobs, script)
     diff = "".join(
         difflib.unified_diff(

@@ -278,3 +278,22 @@ def test_science_changing_proposals_require_a_person() -> None:
 def test_every_ladder_names_registered_remediators() -> None:
     for ladder in planner.LADDERS.values():
         assert set(ladder) <= set(BY_NAME)
+
+
+def test_a_lever_the_template_never_renders_is_skipped() -> None:
+    hf = example("hf-trainer")
+    blind = dataclasses.replace(
+        hf, script_source="#!/bin/bash\n{{ sbatch_header }}\n{{ env_exports }}\nsrun train.py\n"
+    )
+    result = plan(diagnosis(FailureKind.TRUE_OOM), blind, LineageHistory(), PlannerPolicy())
+    assert isinstance(result, Refusal)
+    assert {(s.remediator, s.reason) for s in result.skipped} == {
+        ("micro_batch_down", "its change would not reach the rendered script"),
+        (
+            "recompute_selective",
+            "gradient_checkpointing has no selective mode (only full recompute)",
+        ),
+        ("recompute_full", "its change would not reach the rendered script"),
+        ("sharding_up", "dialect hf has no optimizer-sharding knob"),
+        ("sequence_length_down", "its change would not reach the rendered script"),
+    }

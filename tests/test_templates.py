@@ -244,6 +244,14 @@ def test_patches_are_refused_when_stale_empty_or_invalid(hf: LaunchTemplate) -> 
         apply_patch(hf, first, Patch((KnobChange("batch", 4, 2),), "x"))
 
 
+def test_a_patch_whose_lever_never_reaches_the_script_is_refused() -> None:
+    megatron = load_template(EXAMPLES / "megatron")
+    first = initial_revision(megatron)
+    invisible = Patch((KnobChange("recompute_modules", (), ("mlp",)),), "modules without selective")
+    with pytest.raises(TemplateError, match="the lever would never reach the job"):
+        apply_patch(megatron, first, invisible)
+
+
 def test_revision_ids_are_content_hashes(hf: LaunchTemplate) -> None:
     assert initial_revision(hf).id == initial_revision(hf).id
     other = dataclasses.replace(hf, knobs={**hf.knobs, "dataloader_num_workers": 2})
