@@ -313,3 +313,13 @@ def test_heavy_kernels_are_read_from_the_innermost_frames(tmp_path: Path) -> Non
     frames.append((f"{SITE}/torch/nn/modules/linear.py", "forward", "return F.linear(x, w)"))
     found = scan_log(_traceback_log(tmp_path, frames))
     assert found.heavy_kernels == ("cublas_matmul",)
+
+
+def test_lines_after_a_far_failure_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "nccl.log"
+    path.write_bytes(FILLER * 1000 + (OOM / "nccl.txt").read_bytes() + FILLER * 100_000)
+    found = scan_log(path)
+    assert found.oom is not None
+    assert found.oom.family is OomFamily.NCCL
+    assert found.oom.requested_bytes == 6291456
+    assert found.node == "ng30903"

@@ -6,8 +6,8 @@ scanner reads backwards from the end in blocks and never holds the whole file:
 1. The last `TAIL_FULL_BYTES` are read line by line (the ChildFailedError table, srun's
    `srun: error:` lines, the cascade of collective timeouts and the last progress line live
    there).
-2. Further back it only tests each block for four literal byte strings (`emory`, `rror`,
-   `Kill`, `xception`) at C speed and splits only the blocks that hold one.
+2. Further back it only tests each block for three literal byte strings (`Error`, `emory`,
+   `xception`) at C speed and splits only the blocks that hold one.
 3. Once a root failure is found it reads every line again for up to `LOOKBEHIND_BYTES` before
    the earliest one: the traceback frames and the step marker come before the error line.
 
@@ -31,11 +31,17 @@ import json
 import os
 import re
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
-from daemon.evidence.oom import detect_family, host_ram_is_certain, parse_oom
+from daemon.evidence.oom import (
+    detect_family,
+    host_ram_is_certain,
+    nccl_request_bytes,
+    parse_oom,
+)
 from daemon.evidence.records import LogFindings, OomFamily, OomReport, Phase
 
 MIB = 1024 * 1024
@@ -48,14 +54,17 @@ LOOKBEHIND_BYTES = 4 * MIB  # how far before the earliest root failure to look f
 MIN_LOOKBEHIND_BYTES = 256 * 1024  # at least this much, to catch another rank failing a bit earlier
 LINE_KEEP_BYTES = 64 * 1024  # of a longer line, keep this much of its head and of its tail
 MAX_JSON_CHARS = MIB  # an elastic error file is small; a bigger "JSON" line is not one
+FOLLOWER_LINES = 16  # kept after a failure line found far from the end (its continuation)
 HEAVY_KERNEL_FRAMES = 6  # the allocation happened in the innermost frames, not in the caller chain
 BINARY_SHARE = 0.3  # above this share of control characters the log is noted as binary
 
-# Literal byte strings that every root failure line holds one of (tested per block, C speed):
-# `emory` (every "out of memory" / "Out Of Memory" / OutOfMemoryError), `rror` (exceptions,
-# cuBLAS/cuDNN/XLA errors, slurmstepd's oom_kill line), `Kill` (Killed), `xception`. Each extra
-# literal costs a full pass over the block: four keep the far scan near 450 MB/s.
-_ROOT_TRIGGERS = (b"emory", b"rror", b"Kill", b"xception")
+# Literal byte strings that a root failure line far from the end holds one of, tested per
+# block at C speed: `Error` (every exception line but a bare `Exception:`, and cuBLAS, cuDNN,
+# XLA wrapped in them), `emory` (every "out of memory", "Out Of Memory", OutOfMemoryError,
+# NCCL's "Cuda failure 'out of memory'"), `xception`. Each literal costs one pass over the block,
+# so there are three; Slurm's and the shell's own lines (`srun: error:`, `Killed`) are printed
+# when the job ends, inside the tail that is read line by line anyway.
+_ROOT_TRIGGERS = (b"Error", b"emory", b"xception")
 _TRACEBACK_START = "Traceback (most recent call last):"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -329,6 +338,9 @@ def _collect_backward(
     """Walk back from the end; return the lines worth analysing (file order) and what was read."""
     kept: list[tuple[int, str]] = []
     notes: list[str] = []
+    # Lines just after a failure line (NCCL's calloc size, XLA's buffer stats) hold no trigger:
+    # the last few skipped lines are kept with the next trigger line found before them.
+    followers: deque[tuple[int, bytes, bool]] = deque(maxlen=FOLLOWER_LINES)
     earliest_root: int | None = None
     traceback_before_root = False
     step_before_root = False
@@ -365,13 +377,17 @@ def _collect_backward(
             stopped = True
             break
         if not full and not any(trigger in line for trigger in _ROOT_TRIGGERS):
+            followers.append((offset, line, cut))
             continue
-        long_lines += cut
-        text = _decode(line)
-        replaced += text.count("\ufffd")
-        control += sum(1 for char in text if char < " " and char not in "\t\r\x1b")
-        decoded += len(text)
-        kept.append((offset, text))
+        batch = [*followers, (offset, line, cut)]
+        followers.clear()
+        for line_offset, raw, was_cut in batch:
+            long_lines += was_cut
+            text = _decode(raw)
+            replaced += text.count("\ufffd")
+            control += sum(1 for char in text if char < " " and char not in "\t\r\x1b")
+            decoded += len(text)
+            kept.append((line_offset, text))
         if _is_root_candidate(text):
             earliest_root = offset
             traceback_before_root = False
@@ -547,6 +563,8 @@ def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
             rank_state.frames[-1] = _Frame(last.path, last.func, body.strip())
         return
     _summary_line(state, body)
+    if _attach_nccl_size(state, body):
+        return
     if body.lstrip().startswith("{") and '"message"' in body:
         _elastic_json(state, offset, rank, node, body)
         return
@@ -570,6 +588,19 @@ def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
             _Event(offset, "exception", rank, node, body.strip(), frames, error_type)
         )
         rank_state.in_traceback = False
+
+
+def _attach_nccl_size(state: _Analysis, body: str) -> bool:
+    """NCCL names the size it failed to allocate on the WARN line after its OOM line."""
+    size = nccl_request_bytes(body)
+    if size is None:
+        return False
+    for event in reversed(state.events[-4:]):
+        oom = event.oom
+        if oom is not None and oom.family is OomFamily.NCCL and oom.requested_bytes is None:
+            event.oom = replace(oom, requested_bytes=size)
+            return True
+    return False
 
 
 def _summary_line(state: _Analysis, body: str) -> None:

@@ -84,7 +84,6 @@ _HOST_RAM = re.compile(
     r")",
     re.MULTILINE,
 )
-_HOST_RAM_COUNT = re.compile(r"Detected (\d+) oom[-_]kill event")
 
 
 def detect_family(text: str) -> OomFamily | None:
@@ -191,10 +190,9 @@ def host_ram_is_certain(text: str) -> bool:
     return any(match.group("sigkill") is None for match in _HOST_RAM.finditer(text))
 
 
-def oom_kill_count(text: str) -> int | None:
-    """N of slurmstepd's `Detected N oom_kill event(s)`, when the line says it."""
-    match = _HOST_RAM_COUNT.search(text)
-    return None if match is None else int(match.group(1))
+def nccl_request_bytes(text: str) -> int | None:
+    """The N of NCCL's `Failed to CUDA calloc N bytes`, printed on the line after its OOM."""
+    return _int(_NCCL_REQUEST, text)
 
 
 def _bytes(pattern: re.Pattern[str], text: str) -> int | None:
