@@ -94,7 +94,7 @@ _TABLE_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _TABLE_RANK = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _TABLE_EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
-_ELASTIC_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_ELASTIC_FAILED = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+ \(pid: (\d+)\)")
 _CLOSING_SIGNAL = re.compile(r"Sending process (\d+) closing signal")
 
 DEFAULT_STEP_PATTERNS = (
@@ -174,7 +174,7 @@ class _Frame:
 
 @dataclass
 class _Event:
-    """One failure line: a root (OOM, exception), a cascade, or a summary (srun, table)."""
+    """One failure line: an OOM, another exception, or a cascade (timeouts, aborts, SIGTERMs)."""
 
     offset: int
     kind: str  # "oom", "exception", "cascade"
@@ -215,7 +215,6 @@ class _Analysis:
     table: list[_TableEntry] = field(default_factory=list)
     in_root_section: bool = False
     job_pids: set[int] = field(default_factory=set)
-    local_rank_exit: dict[int, int] = field(default_factory=dict)
     rank_from_local_prefix: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -609,8 +608,7 @@ def _summary_line(state: _Analysis, body: str) -> None:
         tasks = _task_ids(match.group("tasks"))
         state.srun_errors.append((match.group("node"), tasks, match.group("what")))
     if match := _ELASTIC_FAILED.search(body):
-        state.local_rank_exit[int(match.group(2))] = int(match.group(1))
-        state.job_pids.add(int(match.group(3)))
+        state.job_pids.add(int(match.group(1)))
     if match := _CLOSING_SIGNAL.search(body):
         state.job_pids.add(int(match.group(1)))
 
