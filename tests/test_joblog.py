@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon.evidence.joblog import LogReadError, scan_log
 from daemon.evidence.records import OomFamily, Phase
@@ -323,3 +325,28 @@ def test_lines_after_a_far_failure_are_kept(tmp_path: Path) -> None:
     assert found.oom.family is OomFamily.NCCL
     assert found.oom.requested_bytes == 6291456
     assert found.node == "ng30903"
+
+
+@given(st.binary(max_size=20_000))
+@settings(max_examples=60, deadline=None)
+def test_any_bytes_give_findings_not_a_crash(data: bytes) -> None:
+    found = scan_log(io.BytesIO(data), block_size=4096)
+    assert found.bytes_scanned <= len(data)
+
+
+SAFE_LINES = st.lists(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789 .,=", max_size=120), max_size=300
+)
+
+
+@given(SAFE_LINES, SAFE_LINES, st.integers(min_value=0, max_value=7))
+@settings(max_examples=60, deadline=None)
+def test_an_oom_anywhere_among_lines_is_found(
+    before: list[str], after: list[str], rank: int
+) -> None:
+    message = (OOM / "torch22_expandable.txt").read_text().strip()
+    text = "\n".join([*before, f"[rank{rank}]: {message}", *after]) + "\n"
+    found = scan_log(io.BytesIO(text.encode()), block_size=4096)
+    assert found.rank == rank
+    assert found.oom is not None
+    assert found.oom.requested_bytes == 22 * 1024**2
