@@ -15,6 +15,7 @@ from daemon.evidence.records import (
     LogFindings,
     OomFamily,
     OomReport,
+    OtherProcess,
     Phase,
     ProbeVerdict,
     XidPolicy,
@@ -202,37 +203,29 @@ def _hardware(context: _Context) -> Diagnosis | None:
 
 
 def _cotenant(context: _Context) -> Diagnosis | None:
+    """Other processes on the job's GPU: from the OOM message (as it failed) or the probe."""
     oom = context.log.oom
     own = set(context.log.job_pids)
     reasons: list[str] = []
-    pids: list[int] = []
+    listed: list[OtherProcess] = []
     if oom is not None and oom.family is OomFamily.TORCH_ALLOCATOR:
         for process in oom.other_processes:
             if process.pid in own or _is_self_in_container(oom, process.bytes):
                 continue
             if process.bytes >= COTENANT_MIN_BYTES:
-                pids.append(process.pid)
+                listed.append(process)
                 reasons.append(
                     f"process {process.pid} held {format_size(process.bytes)} on the same GPU"
                 )
-    probe = context.evidence.probe
-    if probe is not None and (context.node is None or probe.node == context.node):
-        wanted = set(context.evidence.job_gpu_uuids)
-        for gpu in probe.gpus:
-            for app in gpu.compute_apps:
-                if wanted and app.gpu_uuid not in wanted:
-                    continue
-                if app.pid in own or app.pid in pids or (app.used_bytes or 0) < COTENANT_MIN_BYTES:
-                    continue
-                pids.append(app.pid if app.pid is not None else -1)
-                reasons.append(
-                    f"after the job died, {app.process_name or 'an unnamed process'}"
-                    f" (pid {app.pid}) still held {format_size(app.used_bytes or 0)}"
-                    f" on GPU {gpu.index} of {probe.node}"
-                )
+    pids = [process.pid for process in listed]
+    probe_reasons, probe_pids, scoped = _probe_cotenants(context, own | set(pids))
+    reasons.extend(probe_reasons)
+    pids.extend(probe_pids)
     if not reasons:
         return None
-    listed = [p for p in (oom.other_processes if oom else ()) if p.pid in pids]
+    confidence = Confidence.MEDIUM if listed or scoped else Confidence.LOW
+    if not scoped and probe_pids:
+        reasons.append("the job's GPUs are not known: every GPU of the node was counted")
     if len(listed) >= STRAY_CONTEXT_MIN_COUNT and all(
         p.bytes < STRAY_CONTEXT_MAX_BYTES for p in listed
     ):
@@ -241,21 +234,48 @@ def _cotenant(context: _Context) -> Diagnosis | None:
             " if they are this job's other ranks, they opened a CUDA context on this GPU"
             " (set the device before any CUDA call)"
         )
-    if oom is not None and oom.requested_bytes is not None:
-        others = sum(p.bytes for p in oom.other_processes if p.pid in pids)
-        if others >= oom.requested_bytes:
-            reasons.append(
-                f"without them the {format_size(oom.requested_bytes)} request would have fit"
-            )
+    elif (
+        oom is not None
+        and oom.requested_bytes is not None
+        and listed
+        and sum(p.bytes for p in listed) >= oom.requested_bytes
+    ):
+        confidence = Confidence.HIGH
+        reasons.append(
+            f"without them the {format_size(oom.requested_bytes)} request would have fit"
+        )
     node = context.node
     reasons.append("exclude the node and report the process; do not cut the batch")
     return context.verdict(
         FailureKind.COTENANT,
-        Confidence.HIGH if len(reasons) > 2 else Confidence.MEDIUM,
+        confidence,
         reasons,
         bad_nodes=(node,) if node else (),
         cotenant_pids=tuple(pid for pid in pids if pid >= 0),
     )
+
+
+def _probe_cotenants(context: _Context, known: set[int]) -> tuple[list[str], list[int], bool]:
+    """Compute apps still holding memory on the failing node's GPUs after the job died."""
+    probe = context.evidence.probe
+    if probe is None or (context.node is not None and probe.node != context.node):
+        return [], [], False
+    wanted = set(context.evidence.job_gpu_uuids)
+    reasons: list[str] = []
+    pids: list[int] = []
+    for gpu in probe.gpus:
+        for app in gpu.compute_apps:
+            if wanted and app.gpu_uuid not in wanted:
+                continue
+            if app.pid in known or (app.used_bytes or 0) < COTENANT_MIN_BYTES:
+                continue
+            pids.append(app.pid if app.pid is not None else -1)
+            reasons.append(
+                f"after the job died, {app.process_name or 'an unnamed process'}"
+                f" (pid {app.pid}) still held {format_size(app.used_bytes or 0)}"
+                f" on GPU {gpu.index} of {probe.node}"
+            )
+    return reasons, pids, bool(wanted)
 
 
 def _is_self_in_container(oom: OomReport, process_bytes: int) -> bool:

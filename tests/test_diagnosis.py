@@ -133,6 +133,8 @@ def test_own_process_seen_from_a_container_is_not_a_cotenant() -> None:
 def test_other_processes_in_the_message_are_cotenants() -> None:
     verdict = run(LogFindings(oom=sample("torch_other_processes.txt"), node="gpu-02"))
     assert verdict.kind is FailureKind.COTENANT
+    assert verdict.confidence is Confidence.HIGH
+    assert "without them the 26.00 MiB request would have fit" in verdict.reasons
     assert verdict.cotenant_pids == (3893521, 1493972)
     assert verdict.bad_nodes == ("gpu-02",)
 
@@ -153,10 +155,15 @@ def test_probe_compute_app_is_a_cotenant() -> None:
         compute_apps=(app,),
     )
     findings = LogFindings(oom=sample("torch22_expandable.txt"), node="gpu-02")
-    verdict = run(findings, probe=probe(gpus=(gpu,)))
+    verdict = run(findings, probe=probe(gpus=(gpu,)), job_gpu_uuids=("GPU-1",))
     assert verdict.kind is FailureKind.COTENANT
+    assert verdict.confidence is Confidence.MEDIUM
     assert verdict.cotenant_pids == (777,)
     assert any("30.00 GiB on GPU 0 of gpu-02" in reason for reason in verdict.reasons)
+    unscoped = run(findings, probe=probe(gpus=(gpu,)))
+    assert unscoped.confidence is Confidence.LOW
+    other_gpu = run(findings, probe=probe(gpus=(gpu,)), job_gpu_uuids=("GPU-2",))
+    assert other_gpu.kind is FailureKind.TRUE_OOM
 
 
 def test_xid_79_on_the_oom_node_is_hardware() -> None:
