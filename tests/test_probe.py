@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon.evidence.kernel_log import TimeWindow
 from daemon.evidence.probe import interpret_probe, parse_document
@@ -231,3 +233,57 @@ def test_probe_program_ignores_the_client_command_and_reports_every_tool() -> No
     parsed = parse_document(run_probe_program("healthy"))
     assert set(parsed.tools) == {"kernel_log", "gpu_health", "gpus", "compute_apps"}
     assert all(output.exit_code == 0 for output in parsed.tools.values())
+
+
+def test_xid45_after_a_death_is_a_note_not_a_fault() -> None:
+    inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
+    log = f"{inside} NVRM: Xid (PCI:0000:07:00): 45, pid=9, name=python3, Ch 00000008\n" * 3
+    probe = interpret_probe(
+        "gpu-09", document(kernel_log=tool(log)), probed_at=NOW, catalog=CATALOG, window=WINDOW
+    )
+    assert probe.verdict is ProbeVerdict.HEALTHY
+    assert probe.reasons[-1].endswith("x3 on 0000:07:00: cleanup after a process died, not a cause")
+
+
+def test_no_gpus_listed_is_not_healthy() -> None:
+    probe = interpret_probe(
+        "gpu-09",
+        document(gpu_health=tool("\n==NVSMI LOG==\n"), gpus=tool("")),
+        probed_at=NOW,
+        catalog=CATALOG,
+        window=WINDOW,
+    )
+    assert probe.verdict is ProbeVerdict.UNREACHABLE
+    assert probe.error == "nvidia-smi listed no GPUs"
+
+
+def test_truncated_kernel_log_is_said() -> None:
+    probe = interpret_probe(
+        "gpu-09",
+        document(kernel_log=tool("", truncated=True)),
+        probed_at=NOW,
+        catalog=CATALOG,
+        window=WINDOW,
+    )
+    assert probe.reasons[-1] == "the kernel log was cut to its newest part on the node"
+
+
+@given(st.text(max_size=300), st.text(max_size=300), st.text(max_size=300), st.text(max_size=300))
+def test_any_tool_output_gives_a_verdict_and_healthy_needs_gpus(
+    kernel: str, health: str, gpus: str, apps: str
+) -> None:
+    text = document(
+        kernel_log=tool(kernel), gpu_health=tool(health), gpus=tool(gpus), compute_apps=tool(apps)
+    )
+    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    assert probe.reasons
+    if probe.verdict is ProbeVerdict.HEALTHY:
+        assert probe.gpus
+    if probe.verdict is ProbeVerdict.UNREACHABLE:
+        assert probe.error
+
+
+@given(st.text(max_size=200))
+def test_any_text_that_is_not_a_document_is_unreachable(text: str) -> None:
+    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    assert probe.verdict is ProbeVerdict.UNREACHABLE

@@ -63,6 +63,7 @@ class ToolOutput:
     stderr: str
     timed_out: bool
     error: str | None
+    truncated: bool = False
 
     def failure(self) -> str | None:
         """Why this output cannot be trusted, or None when it can."""
@@ -132,6 +133,7 @@ def interpret_probe(
         catalog=catalog,
         problems=problems,
         cotenant_min_bytes=cotenant_min_bytes,
+        kernel_truncated=document.tools["kernel_log"].truncated,
     )
 
 
@@ -157,6 +159,7 @@ def _tool(name: str, raw: object) -> ToolOutput:
         stderr=str(raw.get("stderr") or ""),
         timed_out=bool(raw.get("timed_out")),
         error=str(raw["error"]) if raw.get("error") else None,
+        truncated=bool(raw.get("truncated")),
     )
 
 
@@ -202,6 +205,9 @@ def _gpus(tools: Mapping[str, ToolOutput], problems: list[str]) -> tuple[GpuHeal
             f"nvidia-smi -q printed {len(health)} GPU blocks but --query-gpu listed {len(rows)}"
         )
     if rows is None and health is None:
+        return None
+    if not rows and not health:
+        problems.append("nvidia-smi listed no GPUs")
         return None
     by_bus = {normalise_bus_id(item.pci_bus_id): item for item in health or ()}
     apps_by_uuid: dict[str, list[ComputeApp]] = {}
@@ -254,6 +260,7 @@ def _judge(
     catalog: XidCatalog,
     problems: list[str],
     cotenant_min_bytes: int,
+    kernel_truncated: bool,
 ) -> NodeProbe:
     faulty: list[str] = []
     degraded: list[str] = []
@@ -269,6 +276,8 @@ def _judge(
         )
     if kernel is not None:
         notes.extend(kernel.notes)
+    if kernel_truncated:
+        notes.append("the kernel log was cut to its newest part on the node")
     unread = [f"could not read {problem}" for problem in problems]
     if faulty:
         verdict, reasons = ProbeVerdict.FAULTY, faulty + degraded + unread + notes
