@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -432,3 +433,64 @@ def test_malformed_node_fixture_is_an_error_naming_the_file(tmp_path: Path) -> N
     result = emulate([], rank_env(0, 1, DEVCLUSTER_STATE=str(tmp_path / "state")), tmp_path)
     assert result.returncode == 2
     assert str(fixture) in result.stderr
+
+
+def test_a_kill_mid_save_leaves_a_checkpoint_that_cannot_be_resumed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [
+        str(EMULATED_TRAIN),
+        "--dialect",
+        "hf",
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--step-seconds",
+        "0.01",
+        "--save-seconds",
+        "0.5",
+    ]
+    with subprocess.Popen(
+        argv, env=rank_env(0, 1), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) as running:
+        weights = out / "checkpoint-2" / "model.safetensors"
+        deadline = time.monotonic() + 30
+        while not weights.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        running.kill()
+    assert weights.is_file()
+    assert not (out / "checkpoint-2" / "trainer_state.json").exists()
+    resumed = emulate(
+        ["--dialect", "hf", "--output_dir", str(out), "--resume_from_checkpoint", "latest"],
+        rank_env(0, 1),
+        tmp_path,
+    )
+    assert resumed.returncode == 1
+    assert "trainer_state.json" in resumed.stderr
+
+
+def test_the_projects_log_scanner_reads_the_emulated_failure(tmp_path: Path) -> None:
+    """The job log of a wedged 4-rank run, as srun merges it, read by daemon.evidence."""
+    from daemon.evidence.joblog import scan_log
+
+    args = ["--dialect", "hf", "--scenario", "optimizer-burst", "--nccl-timeout-seconds", "0.2"]
+    outputs = [
+        emulate(args, rank_env(rank, 4, node=f"gpu-0{rank + 1}"), tmp_path) for rank in range(4)
+    ]
+    assert [result.returncode for result in outputs] == [-signal.SIGABRT] * 3 + [1]
+    log = tmp_path / "job.out"
+    log.write_text(
+        "".join(result.stdout + result.stderr for result in outputs)
+        + "srun: error: gpu-04: task 3: Exited with exit code 1\n"
+    )
+    findings = scan_log(log)
+    oom = model_oom(args, rank_env(3, 4, node="gpu-04"))
+    assert (findings.rank, findings.node, findings.phase.value) == (3, "gpu-04", "optimizer_step")
+    assert findings.oom is not None
+    assert findings.oom.requested_bytes == pytest.approx(oom.requested, abs=0.006 * GIB)
+    assert findings.oom.reserved_unallocated_bytes == pytest.approx(
+        oom.reserved_unallocated, abs=0.006 * GIB
+    )
+    assert set(findings.cascade_ranks) == {0, 1, 2}
