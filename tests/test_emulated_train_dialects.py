@@ -30,6 +30,8 @@ from emulation.topology import (
     parse_fixture,
     placement_from_env,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def test_hf_flags_map_onto_knobs_and_unknown_ones_are_reported() -> None:
@@ -342,3 +344,45 @@ def test_output_matches_real_formats() -> None:
     assert skeleton(hf_log_line(report, epoch=0.01)) == skeleton(hf_loss)
     long_run = replace(report, step=22, max_steps=1752)
     assert skeleton(tqdm_line(long_run)) == skeleton(hf_bar)
+
+
+_FLAG_WORDS = st.sampled_from(
+    [
+        "--per_device_train_batch_size",
+        "--micro-batch-size",
+        "--gradient_checkpointing",
+        "--use-distributed-optimizer",
+        "--scenario",
+        "--step-seconds",
+        "--oom-rank",
+        "--optim",
+        "--eval_strategy",
+        "--unknown",
+        "--dialect",
+        "train.py",
+        "-x",
+        "--",
+    ]
+)
+_VALUES = st.one_of(
+    st.text(max_size=12), st.integers(-3, 40).map(str), st.sampled_from(["true", "False"])
+)
+
+
+@given(argv=st.lists(st.one_of(_FLAG_WORDS, _VALUES), max_size=12), env_value=st.text(max_size=20))
+def test_any_launch_is_parsed_or_refused_with_a_launch_error(
+    argv: list[str], env_value: str
+) -> None:
+    """Odd argv and env (Unicode, empty, negative, missing values) never crash the parser."""
+    env = {"MICRO_BATCH": env_value, "PYTORCH_ALLOC_CONF": env_value}
+    refusal = ""
+    try:
+        parsed = parse_launch(argv, env)
+    except LaunchError as error:
+        refusal = str(error)
+    if refusal:
+        return
+    assert isinstance(parsed.dialect, Dialect)
+    for value in parsed.overrides.values():
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert value >= 0
