@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -287,3 +288,32 @@ def test_any_tool_output_gives_a_verdict_and_healthy_needs_gpus(
 def test_any_text_that_is_not_a_document_is_unreachable(text: str) -> None:
     probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
     assert probe.verdict is ProbeVerdict.UNREACHABLE
+
+
+def test_probe_program_kills_a_hanging_tool_and_still_answers() -> None:
+    started = time.monotonic()
+    text = run_probe_program("hang")
+    assert time.monotonic() - started < 40
+    parsed = parse_document(text)
+    assert parsed.tools["gpu_health"].timed_out
+    assert parsed.tools["gpus"].timed_out
+    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    assert probe.verdict is ProbeVerdict.UNREACHABLE
+    assert probe.error is not None
+    assert "gpu_health: timed out on the node" in probe.error
+    assert not processes_with_env(f"MEDIC_FIXTURE_DIR={STATES / 'hang'}")
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """Pids whose environment holds `entry`: what the probe left running, if anything."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.encode() in environ:
+            found.append(int(proc.name))
+    return found
