@@ -65,7 +65,7 @@ def cli() -> SlurmCli:
     return SlurmCli(timeout_s=30, attempts=3, backoff_s=0.5)
 
 
-def _job_soon(cli: SlurmCli, job_id: int) -> SlurmJob | None:
+def _job_soon(cli: SlurmCli, job_id: int | str) -> SlurmJob | None:
     """Accounting learns of a job a moment after sbatch answers."""
     try:
         return cli.job(job_id)
@@ -73,7 +73,7 @@ def _job_soon(cli: SlurmCli, job_id: int) -> SlurmJob | None:
         return None
 
 
-def _wait_finished(cli: SlurmCli, job_id: int, limit_s: float = 90) -> SlurmJob:
+def _wait_finished(cli: SlurmCli, job_id: int | str, limit_s: float = 90) -> SlurmJob:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         job = _job_soon(cli, job_id)
@@ -240,6 +240,29 @@ def test_parsable2_fallback_reads_the_same_jobs(cli: SlurmCli, work_dir: str) ->
     for field in ("name", "user", "state", "nodes", "batch_host", "start_time", "end_time"):
         assert getattr(from_text, field) == getattr(from_json, field), field
     assert [s.step_id for s in from_text.steps] == [s.step_id for s in from_json.steps]
+
+
+def test_array_tasks_and_het_components(cli: SlurmCli, work_dir: str) -> None:
+    array_id = cli.submit(
+        '#!/bin/bash\n[ "$SLURM_ARRAY_TASK_ID" = 1 ] && exit 3\nexit 0\n',
+        as_user=USER,
+        work_dir=work_dir,
+        extra_args=["--array=0-2", "--output=/dev/null"],
+    )
+    het_id = cli.submit(
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH hetjob\n#SBATCH --nodes=1\n"
+        "srun --het-group=0,1 true\n",
+        as_user=USER,
+        work_dir=work_dir,
+        extra_args=["--output=/dev/null"],
+    )
+    failed_task = _wait_finished(cli, f"{array_id}_1")
+    assert (failed_task.array_job_id, failed_task.array_task_id) == (array_id, 1)
+    assert (failed_task.state, failed_task.exit_code) == (JobState.FAILED, 3)
+    second = _wait_finished(cli, f"{het_id}+1")
+    assert (second.het_job_id, second.het_job_offset) == (het_id, 1)
+    assert second.state is JobState.COMPLETED
+    assert second.display_id == f"{het_id}+1"
 
 
 def test_drain_resume_and_the_medic_rule(cli: SlurmCli) -> None:
