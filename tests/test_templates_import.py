@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon import process
 from daemon.templates import (
@@ -199,3 +201,39 @@ def test_a_bad_value_is_reported_and_defaulted_not_guessed() -> None:
     assert "per_device_train_batch_size" in result.defaulted
     assert any("'many' is not an integer" in note for note in result.notes)
     assert "--per_device_train_batch_size many" in render(result.template)
+
+
+plain_lines = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\\"),
+    max_size=60,
+).filter(
+    lambda line: (
+        not line.lstrip().startswith(("export", "#SBATCH", "#!"))
+        and "--" not in line
+        and not {"srun", "torchrun"} & set(line.split())
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(before=st.lists(plain_lines, max_size=5), after=st.lists(plain_lines, max_size=5))
+def test_property_import_loses_no_line_it_does_not_recognise(
+    before: list[str], after: list[str]
+) -> None:
+    launch = "srun python train.py --per_device_train_batch_size 4 --seed 7"
+    text = "\n".join(["#!/bin/bash", "#SBATCH --nodes=2", *before, launch, *after]) + "\n"
+    if any(
+        "endraw" in line and ("{{" in line or "{%" in line or "{#" in line)
+        for line in text.splitlines()
+    ):
+        with pytest.raises(TemplateError, match="endraw"):
+            import_script(text, dialect_name="hf", name="t")
+        return
+    result = import_script(text, dialect_name="hf", name="t")
+    script = render(result.template)
+    rendered_lines = script.splitlines()
+    for line in before + after:
+        if line.strip():
+            assert line in rendered_lines
+    assert "srun python train.py --seed 7 \\" in rendered_lines
+    assert "    --per_device_train_batch_size 4 \\" in rendered_lines
