@@ -78,7 +78,10 @@ def main() -> int:
 def bring_up_cluster() -> None:
     """deploy/devcluster/up is idempotent: on a running cluster it returns in seconds."""
     console.print("[bold]deploy/devcluster/up[/bold]")
-    result = process.run([str(REPO / "deploy" / "devcluster" / "up")], timeout=600)
+    try:
+        result = process.run([str(REPO / "deploy" / "devcluster" / "up")], timeout=600)
+    except process.CommandError as error:
+        raise SystemExit(f"deploy/devcluster/up did not finish: {error}") from error
     console.print(result.stdout.rstrip(), markup=False, highlight=False)
     if not result.ok:
         console.print(result.stderr.rstrip(), markup=False, highlight=False)
