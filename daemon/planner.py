@@ -47,7 +47,7 @@ LADDERS: Mapping[FailureKind, tuple[str, ...]] = {
         "sequence_length_down",
     ),
     FailureKind.OPTIMIZER_BURST: ("sharding_up", "optimizer_8bit"),
-    FailureKind.EVAL_GROWTH: ("eval_batch_down", "eval_accumulation"),
+    FailureKind.EVAL_GROWTH: ("eval_batch_down", "eval_accumulation", "eval_generation_cap"),
     FailureKind.NOT_OOM: (),
     FailureKind.UNKNOWN: (),
 }

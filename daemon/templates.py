@@ -147,6 +147,9 @@ def parse_template(
     if "env" in knobs_raw:
         raise TemplateError("put environment variables in the [env] table, not under [knobs]")
     knobs_raw["env"] = dict(_table(document, "env"))
+    for spec in dialect.knobs:
+        if spec.unset is not None:
+            knobs_raw.setdefault(spec.name, spec.unset)  # an optional knob left out is unset
     try:
         knobs = validate_knobs(dialect, knobs_raw)
     except KnobError as error:

@@ -93,3 +93,38 @@ class EvalAccumulation:
             cost=Cost((0, 0), "slower evaluation (device-to-host copies)"),
             changes_science=False,
         )
+
+
+@dataclass(frozen=True)
+class GenerationCap:
+    """A lower cap on generated tokens bounds the KV cache; it changes what eval measures."""
+
+    name: str = "eval_generation_cap"
+    lever: Lever = Lever.EVAL
+
+    def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
+        knob = template.dialect.knob_for(Role.GENERATION_LENGTH)
+        if knob is None:
+            return no(f"dialect {template.dialect.name} has no generation length knob")
+        if is_unset(template, knob):
+            return no(f"{knob} is not set in the template: its value is the program's default")
+        if int_knob(template.knobs, knob) < 2:
+            return no(f"{knob} is already 1")
+        return yes("the KV cache grows with every generated token")
+
+    def propose(self, diagnosis: Diagnosis, template: LaunchTemplate) -> RemediationProposal:
+        require(self.applies(diagnosis, template))
+        knob = template.dialect.roles[Role.GENERATION_LENGTH]
+        before = int_knob(template.knobs, knob)
+        return RemediationProposal(
+            remediator=self.name,
+            lever=self.lever,
+            changes=(change(template.knobs, knob, before // 2),),
+            rationale=(
+                f"{_where(diagnosis)}. {knob} {before} -> {before // 2}: an explicit cap on "
+                "generated tokens bounds the KV cache. Eval outputs get shorter."
+            ),
+            expected_effect="KV-cache memory in generate roughly halves",
+            cost=Cost((0, 0), "changes what evaluation measures (shorter generations)"),
+            changes_science=True,
+        )

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from remediators.allocator import ExpandableSegments, GarbageCollectionThreshold, MaxSplitSize
 from remediators.base import Remediator
-from remediators.eval_batch import EvalAccumulation, EvalBatchDown
+from remediators.eval_batch import EvalAccumulation, EvalBatchDown, GenerationCap
 from remediators.micro_batch import MicroBatchDown
 from remediators.nodes import DrainAndExclude, ExcludeNode
 from remediators.recompute import FullRecompute, SelectiveRecompute
@@ -25,6 +25,7 @@ REMEDIATORS: tuple[Remediator, ...] = (
     EightBitOptimizer(),
     EvalBatchDown(),
     EvalAccumulation(),
+    GenerationCap(),
     WorkersDown(),
     SequenceLengthDown(),
     ExcludeNode(),

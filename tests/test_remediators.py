@@ -13,7 +13,7 @@ from daemon.diagnosis import Confidence, Diagnosis, FailureKind, MidRunCause, On
 from daemon.dialects.base import KnobValue, Role
 from daemon.evidence.records import OomFamily, OomReport, Phase
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.templates import LaunchTemplate, Patch, load_template, validate_knobs
+from daemon.templates import LaunchTemplate, Patch, load_template, render, validate_knobs
 from remediators.allocator import (
     ExpandableSegments,
     GarbageCollectionThreshold,
@@ -22,7 +22,7 @@ from remediators.allocator import (
     set_alloc_option,
 )
 from remediators.base import NodeActionKind, NotApplicable
-from remediators.eval_batch import EvalAccumulation, EvalBatchDown
+from remediators.eval_batch import EvalAccumulation, EvalBatchDown, GenerationCap
 from remediators.micro_batch import MicroBatchDown
 from remediators.nodes import DrainAndExclude, ExcludeNode
 from remediators.recompute import FullRecompute, SelectiveRecompute
@@ -278,6 +278,18 @@ def test_eval_levers() -> None:
     unset = example("torchrun", eval_batch=0)
     assert "not set in the template" in EvalBatchDown().applies(growth, unset).reason
     assert "no eval batch knob" in EvalBatchDown().applies(growth, example("megatron")).reason
+
+
+def test_generation_cap_bounds_the_kv_cache_and_says_it_changes_eval() -> None:
+    generate = diagnosis(FailureKind.EVAL_GROWTH, phase=Phase.EVAL, step=500)
+    assert "not set" in GenerationCap().applies(generate, example("hf-trainer")).reason
+    proposal = GenerationCap().propose(generate, example("hf-trainer", generation_max_length=512))
+    assert [(c.knob, c.after) for c in proposal.changes] == [("generation_max_length", 256)]
+    assert proposal.changes_science
+    after = knobs_after(
+        example("hf-trainer", generation_max_length=512), "eval_generation_cap", generate
+    )
+    assert "--generation_max_length 256" in render(example("hf-trainer"), after)
 
 
 def test_workers_down_halves_and_stops_at_zero_or_unset() -> None:

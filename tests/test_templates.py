@@ -131,6 +131,19 @@ def test_unknown_and_missing_knobs_are_named() -> None:
         parse_template(document, SCRIPT)
 
 
+def test_optional_knobs_may_be_left_out_and_are_then_unset() -> None:
+    document = _document()
+    for optional in ("eval_batch", "eval_accum", "num_workers", "seq_len"):
+        del document["knobs"][optional]  # type: ignore[attr-defined]
+    template = parse_template(document, SCRIPT)
+    assert template.knobs["num_workers"] == -1
+    assert template.knobs["seq_len"] == 0
+    script = render(template)
+    assert "NUM_WORKERS" not in script
+    assert "SEQ_LEN" not in script
+    assert "export MICRO_BATCH=4" in script
+
+
 def test_undefined_names_are_errors_not_empty_strings() -> None:
     with pytest.raises(TemplateError, match="has no attribute 'program_typo'"):
         parse_template(_document(), SCRIPT.replace("vars.program", "vars.program_typo"))

@@ -35,6 +35,7 @@ KIND_FOR = {
     "optimizer_8bit": FailureKind.OPTIMIZER_BURST,
     "eval_batch_down": FailureKind.EVAL_GROWTH,
     "eval_accumulation": FailureKind.EVAL_GROWTH,
+    "eval_generation_cap": FailureKind.EVAL_GROWTH,
     "dataloader_workers_down": FailureKind.HOST_RAM,
     "sequence_length_down": FailureKind.WORKSPACE_SPIKE,
     "exclude_node": FailureKind.COTENANT,

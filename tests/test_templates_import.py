@@ -59,7 +59,12 @@ def test_hf_run_clm() -> None:
         ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512"),
         ("WANDB_PROJECT", "clm-ablation"),
     )
-    assert result.defaulted == ("optim", "max_seq_length", "resume_from_checkpoint")
+    assert result.defaulted == (
+        "optim",
+        "generation_max_length",
+        "max_seq_length",
+        "resume_from_checkpoint",
+    )
     assert result.kept == (
         "line 10: #SBATCH comment kept verbatim (value needs quoting)",
         "kept verbatim: module load cuda/12.1",

@@ -55,6 +55,7 @@ class Role(StrEnum):
     SHARDING = "sharding"
     EVAL_BATCH = "eval_batch"
     EVAL_ACCUM = "eval_accum"
+    GENERATION_LENGTH = "generation_length"
     WORKERS = "workers"
     SEQ_LENGTH = "seq_length"
     OPTIMIZER = "optimizer"

@@ -36,6 +36,8 @@ def _args(knobs: Knobs) -> tuple[str, ...]:
     args += ["--dataloader_num_workers", str(integer(knobs, "dataloader_num_workers"))]
     optimizer = text(knobs, "optim")
     args += flag_if(bool(optimizer), "--optim", optimizer)
+    generation = integer(knobs, "generation_max_length")
+    args += flag_if(generation > 0, "--generation_max_length", str(generation))
     sequence = integer(knobs, "max_seq_length")
     args += flag_if(sequence > 0, "--max_seq_length", str(sequence))
     resume = text(knobs, "resume_from_checkpoint")
@@ -61,6 +63,9 @@ DIALECT = Dialect(
         ),
         KnobSpec("dataloader_num_workers", KnobKind.INT, "dataloader processes per rank", 0, 256),
         KnobSpec("optim", KnobKind.ENUM, "optimizer", choices=_OPTIMIZERS, unset=""),
+        KnobSpec(
+            "generation_max_length", KnobKind.INT, "tokens generated in eval", 1, 10**7, unset=0
+        ),
         KnobSpec("max_seq_length", KnobKind.INT, "tokens per sample (TRL)", 1, 10**7, unset=0),
         KnobSpec("resume_from_checkpoint", KnobKind.TEXT, "checkpoint-N directory to resume"),
     ),
@@ -71,6 +76,7 @@ DIALECT = Dialect(
         Role.RECOMPUTE: "gradient_checkpointing",
         Role.EVAL_BATCH: "per_device_eval_batch_size",
         Role.EVAL_ACCUM: "eval_accumulation_steps",
+        Role.GENERATION_LENGTH: "generation_max_length",
         Role.WORKERS: "dataloader_num_workers",
         Role.OPTIMIZER: "optim",
         Role.SEQ_LENGTH: "max_seq_length",
@@ -85,6 +91,7 @@ DIALECT = Dialect(
         "eval_accumulation_steps": 0,
         "dataloader_num_workers": 0,
         "optim": "",
+        "generation_max_length": 0,
         "max_seq_length": 0,
         "resume_from_checkpoint": "",
     },
@@ -103,6 +110,7 @@ DIALECT = Dialect(
         "--dataloader_num_workers": "dataloader_num_workers",
         "--optim": "optim",
         "--max_seq_length": "max_seq_length",
+        "--generation_max_length": "generation_max_length",
         "--resume_from_checkpoint": "resume_from_checkpoint",
     },
 )
