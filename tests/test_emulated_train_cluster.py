@@ -57,7 +57,8 @@ def submit(work_dir: Path, name: str, env_line: str, train_args: list[str]) -> s
     return result.stdout.strip().split(";")[0]
 
 
-def wait_for_end(job_id: str, timeout_s: float = 120) -> str:
+def wait_for_end(job_id: str, timeout_s: float = 240) -> str:
+    """Poll until the job ends; the budget allows for other sessions' jobs holding nodes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
