@@ -132,6 +132,9 @@ def test_exit_codes(tmp_path: Path) -> None:
     assert runner.invoke(main, ["diagnose", "--log", "x", "--step-pattern", "("]).exit_code == 2
     missing = runner.invoke(main, ["diagnose", "--log", str(tmp_path / "absent.log")])
     assert missing.exit_code == 3
+    hostile = runner.invoke(main, ["diagnose", "--", "-1;touch /tmp/x"])
+    assert hostile.exit_code == 4
+    assert "not a Slurm job id" in hostile.output
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     refused = runner.invoke(main, ["diagnose", "--log", str(fifo)])
