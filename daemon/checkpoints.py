@@ -111,6 +111,8 @@ class LocalReader:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
             return "missing"
+        except OSError:
+            return "other"  # a loop, or a path the reader may not look at
         if stat.S_ISDIR(mode):
             return "dir"
         return "file" if stat.S_ISREG(mode) else "other"
@@ -207,9 +209,13 @@ class _Search:
 def find_last_good(spec: CheckpointSpec, reader: CheckpointReader | None = None) -> CheckpointScan:
     """The newest complete checkpoint under `spec.root`, with a reason for every skipped one.
 
-    Raises `CheckpointError` only when the root itself is unusable.
+    A root that does not exist yet (the job died before its first save) is no checkpoint, not
+    an error; `CheckpointError` is raised only when the root exists and cannot be used.
     """
-    search = _Search(Path(spec.root), reader or LocalReader())
+    reader = reader or LocalReader()
+    if reader.kind(Path(spec.root)) == "missing" and not Path(spec.root).is_symlink():
+        return CheckpointScan(spec.root, None, (), "the checkpoint root does not exist yet")
+    search = _Search(Path(spec.root), reader)
     finder = _FINDERS[spec.layout]
     skipped: list[Skipped] = []
     try:

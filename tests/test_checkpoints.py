@@ -194,9 +194,13 @@ def test_glob_with_a_completion_marker(tmp_path: Path) -> None:
     assert "one-level" in bad.reason
 
 
-def test_an_unusable_root_is_an_error(tmp_path: Path) -> None:
+def test_an_unusable_root_is_an_error_a_missing_one_is_no_checkpoint(tmp_path: Path) -> None:
+    result = find_last_good(spec(CheckpointLayout.HF, tmp_path / "missing"))
+    assert result.found is None
+    assert result.reason == "the checkpoint root does not exist yet"
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     with pytest.raises(CheckpointError, match="cannot be used"):
-        find_last_good(spec(CheckpointLayout.HF, tmp_path / "missing"))
+        find_last_good(spec(CheckpointLayout.HF, tmp_path / "loop"))
     write(tmp_path / "file")
     with pytest.raises(CheckpointError, match="not a directory"):
         find_last_good(spec(CheckpointLayout.HF, tmp_path / "file"))

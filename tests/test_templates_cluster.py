@@ -1,5 +1,6 @@
 """The example templates on the real local cluster: sbatch accepts each rendered script, each
-runs to the end, writes checkpoints that checkpoint discovery finds, and resumes from one."""
+runs to the end, writes checkpoints that checkpoint discovery finds, and resumes from one; and
+a planned fix, rendered into a new revision, makes a failing emulated run pass."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import pytest
 
 from daemon import process
 from daemon.checkpoints import find_last_good
+from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
+from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
 from daemon.templates import (
     LaunchTemplate,
     apply_patch,
     initial_revision,
     load_template,
     resume_patch,
+    validate_knobs,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
@@ -115,3 +119,79 @@ def test_example_is_accepted_runs_checkpoints_and_resumes(example: str, work_dir
     log = work_dir / f"{template.sbatch[0][1]}-{job_id}.out"
     assert wait_for_end(job_id) == "COMPLETED", log.read_text()
     assert "OutOfMemoryError" not in log.read_text()
+
+
+def run_to_end(template: LaunchTemplate, work_dir: Path, script: str) -> tuple[str, str]:
+    submitted = sbatch(work_dir, script, "--parsable")
+    assert submitted.ok, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    state = wait_for_end(job_id)
+    log = work_dir / f"{template.sbatch[0][1]}-{job_id}.out"
+    return state, log.read_text() if log.exists() else ""
+
+
+def with_knobs(template: LaunchTemplate, **changes: object) -> LaunchTemplate:
+    return dataclasses.replace(
+        template, knobs=validate_knobs(template.dialect, {**template.knobs, **changes})
+    )
+
+
+def scenario_env(template: LaunchTemplate, scenario: str, **extra: str) -> dict[str, str]:
+    env = dict(template.knobs["env"])  # type: ignore[arg-type]
+    env.update(EMULATION_SCENARIO=scenario, **extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("example", "scenario", "kind", "knobs", "expected"),
+    [
+        (
+            "hf-trainer",
+            "true-oom-step0",
+            FailureKind.TRUE_OOM,
+            {"per_device_train_batch_size": 6, "gradient_accumulation_steps": 4},
+            "micro_batch_down",
+        ),
+        (
+            "torchrun",
+            "fragmentation",
+            FailureKind.FRAGMENTATION,
+            {},
+            "allocator_expandable_segments",
+        ),
+    ],
+)
+def test_the_planned_fix_makes_the_emulated_run_pass(
+    example: str,
+    scenario: str,
+    kind: FailureKind,
+    knobs: dict[str, object],
+    expected: str,
+    work_dir: Path,
+) -> None:
+    """Fail on the cluster, plan from a diagnosis of that kind, relaunch the new revision
+    from the last good checkpoint, and finish."""
+    base = with_knobs(localised(example, work_dir), **knobs)
+    template = with_knobs(base, env=scenario_env(base, scenario))
+    first = initial_revision(template)
+    state, log = run_to_end(template, work_dir, first.script)
+    assert state == "FAILED", log
+    assert "torch.OutOfMemoryError: CUDA out of memory" in log
+
+    diagnosis = Diagnosis(
+        kind=kind, confidence=Confidence.HIGH, reasons=("cluster test",), onset=Onset.STEP0, step=0
+    )
+    proposal = plan(diagnosis, template, LineageHistory(), PlannerPolicy())
+    assert isinstance(proposal, Proposal)
+    assert proposal.remediation.remediator == expected
+    fixed = apply_patch(template, first, proposal.patch)
+    geometry = template.dialect.geometry
+    assert geometry(fixed.knobs).global_batch == geometry(first.knobs).global_batch
+    assert template.checkpoint is not None
+    scan = find_last_good(template.checkpoint)
+    if scan.found is not None:
+        patched = dataclasses.replace(template, knobs=fixed.knobs)
+        fixed = apply_patch(patched, fixed, resume_patch(patched, fixed.knobs, scan.found))
+    state, log = run_to_end(template, work_dir, fixed.script)
+    assert state == "COMPLETED", log
+    assert "OutOfMemoryError" not in log
