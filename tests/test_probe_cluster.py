@@ -6,6 +6,7 @@ key), through `node_state` and finalizers, because other sessions share the clus
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -13,6 +14,7 @@ import pytest
 
 from daemon.evidence.prober import NodeProber, ProbeRequest, ProbeSettings
 from daemon.evidence.records import ProbeVerdict
+from daemon.process import run
 from tests.devcluster import DevCluster
 
 pytestmark = pytest.mark.cluster
@@ -121,3 +123,39 @@ def test_garbage_output_is_unreadable_not_healthy(healthy_cluster: DevCluster) -
     assert probe.reasons[0] == "gpu-04's GPU state could not be read, so it is not called healthy"
     assert probe.error is not None
     assert probe.error.startswith("gpu_health: line 1 is not nvidia-smi -q output")
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as key=value pairs (22.05 has no --json for scontrol)."""
+    line = run(["scontrol", "show", "job", "-o", job_id], timeout=30, check=True).stdout
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def test_xid79_during_a_running_job_on_gpu03(healthy_cluster: DevCluster) -> None:
+    user = healthy_cluster.job_users[0]
+    job_id = run(
+        ["sbatch", f"--uid={user}", f"--gid={user}", "--parsable", "--nodelist=gpu-03",
+         "--job-name=medic-probe-xid79", "--output=/dev/null", "--wrap", "sleep 120"],
+        timeout=30,
+        check=True,
+    ).stdout.strip().split(";")[0]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        job = scontrol_job(job_id)
+        while job.get("JobState") != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = scontrol_job(job_id)
+        assert job["JobState"] == "RUNNING"
+        start = datetime.fromisoformat(job["StartTime"]).astimezone(UTC)
+        time.sleep(3)  # the rank runs a while before the GPU falls off the bus
+        with healthy_cluster.node_state("gpu-03", "xid79"):
+            probe = NodeProber(settings_for(healthy_cluster, window_slack_s=0)).probe(
+                "gpu-03", start=start
+            )
+    finally:
+        run(["scancel", job_id], timeout=30)
+    assert probe.verdict is ProbeVerdict.FAULTY
+    (fallen,) = [event for event in probe.xid_events if event.code == 79]
+    assert fallen.time is not None
+    assert start <= fallen.time <= probe.probed_at
+    assert probe.reasons[0].startswith("XID 79 (GPU has fallen off the bus) x1 on 0000:47:00")
