@@ -910,32 +910,83 @@ def _is_launch(dialect: Dialect, line: str) -> bool:
     return dialect.name == "torchrun" and bool({"torchrun", "srun"} & set(tokens))
 
 
+def _raw_words(line: str) -> list[tuple[str, str]]:
+    """Shell words as written and as the shell reads them: (raw text, unquoted value).
+
+    Keeping the raw text lets an unrecognised word go back into the template exactly as the
+    user wrote it (its quotes decide whether `$VAR` expands); only the value is interpreted.
+    """
+    words: list[str] = []
+    current: list[str] = []
+    quote = ""
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if quote:
+            current.append(char)
+            if char == "\\" and quote == '"' and index + 1 < len(line):
+                current.append(line[index + 1])
+                index += 1
+            elif char == quote:
+                quote = ""
+        elif char == "\\" and index + 1 < len(line):
+            current += [char, line[index + 1]]
+            index += 1
+        elif char in "'\"":
+            quote = char
+            current.append(char)
+        elif char.isspace():
+            if current:
+                words.append("".join(current))
+                current = []
+        elif char == "#" and not current:
+            break
+        else:
+            current.append(char)
+        index += 1
+    if quote:
+        raise TemplateError(f"unterminated {quote} quote in the launch line")
+    if current:
+        words.append("".join(current))
+    return [(word, "".join(shlex.split(word))) for word in words]
+
+
 def _launch_line(importer: _Importer, line: str, where: str) -> str:
-    """Recognise the launch command's knob flags; return the Jinja line that replaces it."""
-    tokens = _split(line) or []
-    program = next((i for i, token in enumerate(tokens) if token.endswith(".py")), None)
+    """Recognise the launch command's knob flags; return the line that replaces it, keeping
+    every unrecognised word exactly as written."""
+    words = _raw_words(line)
+    values_only = [value for _, value in words]
+    program = next((i for i, value in enumerate(values_only) if value.endswith(".py")), None)
     if program is None:
-        program = (
-            next((i for i, token in enumerate(tokens) if token.startswith("--")), len(tokens)) - 1
+        first_flag = next(
+            (i for i, value in enumerate(values_only) if value.startswith("--")), len(words)
         )
-    head, rest = tokens[: program + 1], tokens[program + 1 :]
-    extra: list[str] = []
+        program = first_flag - 1
+    head, rest = words[: program + 1], words[program + 1 :]
+    kept = [raw for raw, _ in head]
     index = 0
     while index < len(rest):
-        token = rest[index]
-        flag, equals, inline = token.partition("=")
-        values: list[str] = [inline] if equals else []
+        raw, value = rest[index]
+        flag, equals, inline = value.partition("=")
+        following: list[tuple[str, str]] = []
         index += 1
         if not equals:
-            while index < len(rest) and not rest[index].startswith("--"):
-                values.append(rest[index])
+            while index < len(rest) and not rest[index][1].startswith("--"):
+                following.append(rest[index])
                 index += 1
-        consumed = _launch_flag(importer, flag, values, f"{where}: {flag}")
+        values = [inline] if equals else [item for _, item in following]
+        raw_values = [item for item, _ in following]
+        if any("$" in item or "`" in item for item in ([raw] if equals else raw_values)):
+            if flag in importer.dialect.recognise_flags:
+                importer.notes.append(f"{where}: {flag}: value is a shell expansion, kept verbatim")
+            consumed = None
+        else:
+            consumed = _launch_flag(importer, flag, values, f"{where}: {flag}")
         if consumed is None:
-            extra += [token] if equals else [token, *values]
-        elif consumed < len(values):
-            extra += values[consumed:]
-    return " ".join(_requote(part) for part in [*head, *extra])
+            kept += [raw, *raw_values]
+        elif not equals:
+            kept += raw_values[consumed:]
+    return " ".join(kept)
 
 
 def _launch_flag(importer: _Importer, flag: str, values: list[str], source: str) -> int | None:
@@ -951,9 +1002,6 @@ def _launch_flag(importer: _Importer, flag: str, values: list[str], source: str)
     if knob is None:
         return None
     spec = dialect.spec(knob)
-    if any("$" in value or "`" in value for value in values):
-        importer.notes.append(f"{source}: value is a shell expansion, kept verbatim")
-        return None
     if spec.kind is KnobKind.BOOL:
         if values and values[0].lower() in {"true", "false", "1", "0"}:
             return 1 if importer.take_text(knob, values[0], source) else None
@@ -1022,15 +1070,6 @@ def _fill_defaults(importer: _Importer) -> list[str]:
                 importer.knobs[global_knob] = micro * nodes * gpus
                 importer.notes.append(f"{global_knob} not found: set to micro x GPUs (accum 1)")
     return defaulted
-
-
-def _requote(token: str) -> str:
-    """A word of the user's own script, quoted back so that its `$VAR`s still expand."""
-    if _SAFE_WORD.match(token) and token:
-        return token
-    if "$" in token and not any(char in token for char in '"\\`'):
-        return f'"{token}"'
-    return shlex.quote(token)
 
 
 def _literal(text: str) -> str:

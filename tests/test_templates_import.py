@@ -242,3 +242,28 @@ def test_property_import_loses_no_line_it_does_not_recognise(
             assert line in rendered_lines
     assert "srun python train.py --seed 7 \\" in rendered_lines
     assert "    --per_device_train_batch_size 4 \\" in rendered_lines
+
+
+def test_unrecognised_words_keep_their_quoting_exactly() -> None:
+    launch = (
+        "srun python train.py --per_device_train_batch_size 4 --literal '$HOME' "
+        '--expanded "$RUN_DIR/x y" --escaped a\\ b --mixed "x"y\'$z\' # a comment'
+    )
+    result = import_script(f"#!/bin/bash\n{launch}\n", dialect_name="hf", name="t")
+    script = render(result.template)
+    assert (
+        "srun python train.py --literal '$HOME' --expanded \"$RUN_DIR/x y\" "
+        "--escaped a\\ b --mixed \"x\"y'$z' \\\n    --per_device_train_batch_size 4"
+    ) in script
+    words = process.run(
+        [
+            "bash",
+            "-c",
+            "set -- "
+            + script.split("srun python train.py ", 1)[1].split(" \\\n")[0]
+            + '; printf "%s|" "$@"',
+        ],
+        timeout=10,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/home/h", "RUN_DIR": "/r"},
+    )
+    assert words.stdout == "--literal|$HOME|--expanded|/r/x y|--escaped|a b|--mixed|xy$z|"
