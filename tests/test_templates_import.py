@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,31 @@ def test_unrecognised_words_keep_their_quoting_exactly() -> None:
         env={"PATH": "/usr/bin:/bin", "HOME": "/home/h", "RUN_DIR": "/r"},
     )
     assert words.stdout == "--literal|$HOME|--expanded|/r/x y|--escaped|a b|--mixed|xy$z|"
+
+
+def argv_of(words: str) -> list[str]:
+    result = process.run(
+        ["bash", "-c", f'set -- {words}; printf "%s\\0" "$@"'], timeout=10, env={"PATH": "/bin"}
+    )
+    return result.stdout.split("\0")[:-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.text(
+            alphabet=st.characters(blacklist_categories=("Cs", "Cc")),
+            min_size=1,
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_property_the_launch_argv_is_unchanged_but_for_the_knobs(values: list[str]) -> None:
+    extra = " ".join(f"--opt{i} {shlex.quote(value)}" for i, value in enumerate(values))
+    original = f"python train.py {extra} --per_device_train_batch_size 4"
+    result = import_script(f"#!/bin/bash\nsrun {original}\n", dialect_name="hf", name="t")
+    launch = render(result.template).split("\nsrun ", 1)[1].split(" \\\n")[0]
+    expected = argv_of(original)
+    assert argv_of(launch) == expected[:-2]
