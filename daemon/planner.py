@@ -196,6 +196,7 @@ def plan(
         )
     floor = _rung_floor(attempts, ladder) if stalled else 0
     dead_configs = [dict(attempt.knobs_before) for attempt in attempts] + [dict(template.knobs)]
+    current_script = render(template)
     skipped: list[SkippedRung] = []
     for rung, name in enumerate(ladder):
         reason = _why_skip(
@@ -207,6 +208,7 @@ def plan(
             attempts=attempts,
             policy=policy,
             dead_configs=dead_configs,
+            current_script=current_script,
         )
         if isinstance(reason, str):
             skipped.append(SkippedRung(rung, name, reason))
@@ -243,6 +245,7 @@ def _why_skip(
     attempts: tuple[Attempt, ...],
     policy: PlannerPolicy,
     dead_configs: list[dict[str, KnobValue]],
+    current_script: str,
 ) -> str | tuple[RemediationProposal, Patch, dict[str, KnobValue]]:
     """The reason a rung is passed over, or its proposal when it is the one."""
     if rung < floor:
@@ -264,7 +267,7 @@ def _why_skip(
         return f"its patch does not apply: {error}"
     if knobs_after in dead_configs:
         return "it leads back to a config that already died in this lineage"
-    if render(template, knobs_after) == render(template):
+    if render(template, knobs_after) == current_script:
         return "its change would not reach the rendered script"
     return remediation, patch, knobs_after
 
