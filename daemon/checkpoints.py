@@ -26,9 +26,11 @@ from typing import Protocol
 
 _SMALL_FILE = 4096
 _JSON_LIMIT = 64 * 1024 * 1024
-_TRAILING_NUMBER = re.compile(r"(\d+)$")
-_HF_DIR = re.compile(r"checkpoint-(\d+)")
-_MEGATRON_DIR = re.compile(r"iter_(\d+)")
+# ASCII digits only, anchored with \Z: a name with a newline or a look-alike digit is no checkpoint.
+_TRAILING_NUMBER = re.compile(r"([0-9]+)\Z")
+_HF_DIR = re.compile(r"checkpoint-([0-9]+)")
+_MEGATRON_DIR = re.compile(r"iter_([0-9]+)")
+_DEEPSPEED_DIR = re.compile(r"global_step([0-9]+)")
 _HF_SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors")
 _HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -324,7 +326,7 @@ def _find_deepspeed(
     number = _TRAILING_NUMBER.search(tag)
     step = int(number.group(1)) if number else None
     if step is not None:
-        for other_step, name in search.numbered_dirs(re.compile(r"global_step(\d+)")):
+        for other_step, name in search.numbered_dirs(_DEEPSPEED_DIR):
             if other_step > step:
                 skipped.append(
                     Skipped(repr(name), f"newer than `latest` ({tag}): save did not finish")

@@ -181,6 +181,16 @@ def test_dcp_needs_its_metadata_file(tmp_path: Path) -> None:
     assert skipped(result) == {"'step-200'": "no .metadata marker: the save did not finish"}
 
 
+def test_dcp_names_with_newlines_or_lookalike_digits_are_not_checkpoints(tmp_path: Path) -> None:
+    write(tmp_path / "step-3" / ".metadata")
+    write(tmp_path / "step-9\n" / ".metadata")
+    write(tmp_path / "step-\uff19\uff19" / ".metadata")  # fullwidth "99"
+    result = find_last_good(spec(CheckpointLayout.DCP, tmp_path))
+    assert result.found is not None
+    assert result.found.step == 3
+    assert result.skipped == ()
+
+
 def test_glob_with_a_completion_marker(tmp_path: Path) -> None:
     write(tmp_path / "ckpt_0005" / "COMPLETE")
     write(tmp_path / "ckpt_0009" / "weights.bin")
