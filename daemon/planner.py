@@ -260,7 +260,7 @@ def _why_skip(
     if not applicability:
         return applicability.reason
     remediation = remediator.propose(diagnosis, template)
-    patch = Patch(remediation.changes, f"{name}: {remediation.rationale}")
+    patch = remediation.patch
     try:
         knobs_after = patch.apply(template.dialect, template.knobs)
     except TemplateError as error:

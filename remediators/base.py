@@ -14,7 +14,7 @@ from typing import Protocol
 
 from daemon.diagnosis import Diagnosis
 from daemon.dialects.base import Knobs, KnobValue, Role
-from daemon.templates import KnobChange, LaunchTemplate
+from daemon.templates import KnobChange, LaunchTemplate, Patch
 
 GIB = 1024**3
 MIB = 1024**2
@@ -93,6 +93,11 @@ class RemediationProposal:
     cost: Cost
     changes_science: bool
     actions: tuple[NodeAction, ...] = ()
+
+    @property
+    def patch(self) -> Patch:
+        """The typed patch of the template, carrying the rationale as its reason."""
+        return Patch(self.changes, f"{self.remediator}: {self.rationale}")
 
 
 class Remediator(Protocol):
