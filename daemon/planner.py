@@ -215,7 +215,12 @@ def plan(
             continue
         remediation, patch, knobs_after = reason
         return Proposal(kind, rung, ladder, remediation, patch, knobs_after, tuple(skipped))
-    return Refusal(kind, f"the {kind.value} ladder is exhausted", tuple(skipped))
+    return Refusal(
+        kind,
+        f"the {kind.value} ladder is exhausted: every rung was tried or does not apply "
+        "(see skipped); a person must decide",
+        tuple(skipped),
+    )
 
 
 def _trailing_no_progress(attempts: tuple[Attempt, ...]) -> int:
