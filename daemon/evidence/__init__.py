@@ -1,1 +1,1 @@
-"""Evidence about a failed job: pure parsers of logs, messages and node state, and the probe runner."""
+"""Evidence about a failed job: pure parsers of logs, messages and node state; the probe runner."""
