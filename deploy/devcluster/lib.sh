@@ -33,6 +33,10 @@ SLURM_CONFIGS=(slurm.conf slurmdbd.conf cgroup.conf gres.conf)
 # removes files that carry it, so a hand-written config is never deleted.
 MARKER="# Written by slurm-medic deploy/devcluster/up; removed by deploy/devcluster/down."
 HOSTS_TAG="# slurm-medic-devcluster"
+# Says `up` started munged, so `down` may stop it (a munged that was already
+# running serves someone else too). In munge's run dir, not $STATE: it must
+# survive a `down` that was interrupted after deleting $STATE.
+MUNGED_OURS="/run/munge/started-by-slurm-medic-devcluster"
 # The lock lives outside $STATE because `down` deletes $STATE while holding it.
 LOCK_FILE="/run/lock/slurm-medic-devcluster.lck"
 
