@@ -26,6 +26,7 @@ TABLES = {
     "node_event",
     "audit_event",
     "cursor",
+    "control_flag",
 }
 
 

@@ -325,6 +325,18 @@ class Cursor(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utc_now, onupdate=utc_now)
 
 
+class ControlFlag(Base):
+    """A named switch people flip (the global pause); in the record so every daemon sees it."""
+
+    __tablename__ = "control_flag"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(NulSafeText)
+    set_by: Mapped[str] = mapped_column(String(64))
+    set_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
 class AuditImmutable(Exception):
     """Something tried to change or delete an audit event."""
 

@@ -26,6 +26,7 @@ from daemon.store.models import (
     ActionResult,
     ActorKind,
     AuditEvent,
+    ControlFlag,
     Cursor,
     Incident,
     Job,
@@ -43,6 +44,7 @@ RowT = TypeVar("RowT")
 ValueT = TypeVar("ValueT")
 
 TOKEN_PREFIX = "medic-"  # noqa: S105 (a label, not a secret)
+PAUSE_FLAG = "paused"
 
 
 class NotFound(LookupError):
@@ -645,6 +647,44 @@ def set_cursor(session: Session, *, name: str, polled_until: datetime) -> None:
     else:
         cursor.polled_until = polled_until
     session.flush()
+
+
+def set_paused(session: Session, *, paused: bool, actor: Actor, reason: str) -> ControlFlag:
+    """Flip the global pause (the daemon proposes, never acts, while it is on); audited."""
+    flag = session.get(ControlFlag, PAUSE_FLAG)
+    previous = flag.value if flag is not None else False
+    if flag is None:
+        flag = ControlFlag(name=PAUSE_FLAG)
+        session.add(flag)
+    flag.value = paused
+    flag.reason = reason
+    flag.set_by = actor.name
+    flag.set_at = utc_now()
+    append_audit(
+        session,
+        actor=actor,
+        verb="pause" if paused else "unpause",
+        subject_type="daemon",
+        subject_id=PAUSE_FLAG,
+        details={"from": previous, "to": paused, "reason": reason},
+    )
+    session.flush()
+    return flag
+
+
+def pause_flag(session: Session) -> ControlFlag | None:
+    """The pause switch as last set (who, when, why), or None if nobody ever set it."""
+    return session.get(ControlFlag, PAUSE_FLAG)
+
+
+def is_paused(session: Session) -> bool:
+    flag = pause_flag(session)
+    return flag is not None and flag.value
+
+
+def cursors(session: Session) -> list[Cursor]:
+    """Every watcher's cursor: where its last poll ended, and when it wrote that."""
+    return list(session.scalars(select(Cursor).order_by(Cursor.name)))
 
 
 def pending_approvals(session: Session, *, limit: int = 500) -> list[Proposal]:
