@@ -14,9 +14,19 @@ from daemon import __version__
 
 # Command name -> "module:attribute" of its click command, one line per area.
 COMMANDS: dict[str, str] = {
+    "approve": "daemon.commands.people:approve_command",
     "db": "daemon.commands.db:db",
     "diagnose": "daemon.commands.diagnose:diagnose_command",
+    "history": "daemon.commands.people:history_command",
+    "nodes": "daemon.commands.people:nodes_group",
+    "pause": "daemon.commands.people:pause_command",
     "probe": "daemon.commands.probe:probe_command",
+    "reject": "daemon.commands.people:reject_command",
+    "resume": "daemon.commands.people:resume_command",
+    "show": "daemon.commands.people:show_command",
+    "status": "daemon.commands.people:status_command",
+    "run": "daemon.commands.run:run_command",
+    "submit": "daemon.commands.submit:submit_command",
     "template": "daemon.commands.template:template_group",
 }
 

@@ -1,0 +1,130 @@
+"""`slurm-medic submit TEMPLATE`: start a lineage and submit its first revision.
+
+The revision is recorded and the token committed before sbatch runs; the token travels in
+the job's comment, so the daemon can tie the job to the lineage whatever happens next.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import click
+
+from daemon.config import ConfigError, load_settings
+
+EXIT_CONFIG = 2
+EXIT_SUBMIT = 5
+
+
+@click.command("submit")
+@click.argument("template_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--as-user", help="Submit as this user (root only; default: yourself).")
+@click.option(
+    "--work-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The job's working directory (default: the current directory).",
+)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config TOML.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def submit_command(
+    template_dir: Path,
+    as_user: str | None,
+    work_dir: Path | None,
+    config_file: str | None,
+    as_json: bool,
+) -> None:
+    """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
+    import json  # noqa: PLC0415
+
+    from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
+    from daemon.slurm.errors import SubmissionError  # noqa: PLC0415
+    from daemon.store import repository as repo  # noqa: PLC0415
+    from daemon.store import service_records as records  # noqa: PLC0415
+    from daemon.store.engine import make_engine, make_session_factory  # noqa: PLC0415
+    from daemon.store.schema import SchemaBehind, check_schema_current  # noqa: PLC0415
+    from daemon.templates import (  # noqa: PLC0415
+        TemplateError,
+        initial_revision,
+        knobs_to_json,
+        load_template,
+    )
+
+    try:
+        settings = load_settings(config_file)
+    except ConfigError as error:
+        click.echo(f"slurm-medic submit: {error}", err=True)
+        raise SystemExit(EXIT_CONFIG) from error
+    me = pwd.getpwuid(os.getuid()).pw_name
+    owner = as_user or me
+    if owner != me and os.geteuid() != 0:
+        raise click.UsageError("only root may submit as another user")
+    directory = template_dir.resolve()
+    try:
+        template = load_template(directory)
+        first = initial_revision(template)
+    except TemplateError as error:
+        raise click.ClickException(str(error)) from error
+    engine = make_engine(settings.store)
+    try:
+        check_schema_current(engine)
+    except SchemaBehind as error:
+        raise click.ClickException(str(error)) from error
+    actor = repo.Actor.user(me, os.getuid())
+    with make_session_factory(engine)() as session:
+        lineage = repo.create_lineage(
+            session, name=template.name, owner=owner, template=str(directory)
+        )
+        revision = repo.record_template_revision(
+            session,
+            lineage_id=lineage.id,
+            knobs=knobs_to_json(first.knobs),
+            rendered_script=first.script,
+        )
+        token = repo.new_token()
+        repo.append_audit(
+            session,
+            actor=actor,
+            verb="submit_intent",
+            subject_type="lineage",
+            subject_id=lineage.id,
+            details={"token": token, "revision": revision.id, "owner": owner},
+        )
+        session.commit()
+        try:
+            job_id = SlurmCli(timeout_s=settings.slurm_timeout_s).submit(
+                first.script,
+                as_user=owner,
+                comment=token,
+                work_dir=str((work_dir or Path.cwd()).resolve()),
+            )
+        except SubmissionError as error:
+            repo.append_audit(
+                session,
+                actor=actor,
+                verb="submit_failed",
+                subject_type="lineage",
+                subject_id=lineage.id,
+                details={"error": str(error), "stderr": error.stderr},
+            )
+            session.commit()
+            click.echo(f"slurm-medic submit: {error}: {error.stderr.strip()}", err=True)
+            raise SystemExit(EXIT_SUBMIT) from error
+        records.record_lineage_submission(
+            session,
+            slurm_job_id=job_id,
+            lineage_id=lineage.id,
+            attempt=1,
+            revision_id=revision.id,
+            proposal_id=None,
+            token=token,
+            actor=actor,
+        )
+        session.commit()
+        lineage_id = lineage.id
+    engine.dispose()
+    if as_json:
+        click.echo(json.dumps({"lineage": lineage_id, "job": job_id, "token": token}))
+    else:
+        click.echo(f"lineage {lineage_id}: submitted job {job_id} as {owner} (token {token})")

@@ -1,0 +1,504 @@
+"""The daemon: an APScheduler-driven cycle of watch -> handle -> act -> verify -> expire.
+
+One cycle, in order: poll finished jobs (one sacct call from the stored cursor less the
+overlap; jobs already handled are skipped by id, so nothing is handled twice across
+restarts), handle each ended job (`pipeline`), cancel wedged runs, act on approved proposals
+(`actions`), follow relaunches (`verify`), expire stale proposals. Only the leader acts: a
+PostgreSQL advisory lock, or an flock on a file beside the SQLite database. SIGTERM lets the
+step in flight finish, then stops. systemd gets READY=1 and WATCHDOG=1 over NOTIFY_SOCKET.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from daemon.actions import ActDeps, act_on_approved
+from daemon.config import Settings
+from daemon.evidence.prober import NodeProber
+from daemon.pipeline import (
+    DAEMON,
+    JobFiles,
+    PipelineDeps,
+    handle_ended_job,
+    incomplete_record_expired,
+    read_log_findings,
+)
+from daemon.slurm.backend import SlurmBackend
+from daemon.slurm.errors import SlurmError
+from daemon.slurm.records import SlurmJob
+from daemon.store import repository as repo
+from daemon.store import service_records as records
+from daemon.store.engine import make_engine, make_session_factory
+from daemon.store.models import ActionKind
+from daemon.store.schema import check_schema_current
+from daemon.store.states import ProposalState
+from daemon.verify import FollowDeps, follow_relaunches
+
+log = logging.getLogger("slurm_medic")
+
+CURSOR = "finished_jobs"
+ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line on stderr: journald keeps it, people and tools read it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "at": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+# ------------------------------------------------------------------------------ systemd
+
+
+def sd_notify(message: str, environ: dict[str, str] | None = None) -> bool:
+    """Send one datagram to systemd's NOTIFY_SOCKET; False when not run by systemd."""
+    address = (environ if environ is not None else os.environ).get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.connect(address)
+            sock.sendall(message.encode())
+        except OSError as error:
+            log.warning("sd_notify failed: %s", error)
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------ leader
+
+
+class LeaderLock:
+    """Held for the daemon's life; two daemons on one database never both act."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._connection: Connection | None = None
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        if self.held:
+            return True
+        if self._engine.url.get_backend_name() == "postgresql":
+            connection = self._engine.connect()
+            got = connection.execute(
+                text("SELECT pg_try_advisory_lock(:key)"), {"key": ADVISORY_LOCK_KEY}
+            ).scalar()
+            connection.commit()
+            if got:
+                self._connection = connection
+                return True
+            connection.close()
+            return False
+        path = self.lock_path()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    def lock_path(self) -> Path:
+        database = self._engine.url.database or "medic.db"
+        return Path(database + ".leader")
+
+    @property
+    def held(self) -> bool:
+        return self._connection is not None or self._fd is not None
+
+    def release(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ------------------------------------------------------------------------------- daemon
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (logged, and returned to tests and benchmarks)."""
+
+    leader: bool = False
+    polled: int = 0
+    handled: list[Any] = field(default_factory=list)
+    acted: list[Any] = field(default_factory=list)
+    followed: list[Any] = field(default_factory=list)
+    wedged_cancelled: list[int] = field(default_factory=list)
+    expired: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    """The service object: one `cycle()` is one pass of every step; `run()` schedules it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: SlurmBackend,
+        files: JobFiles,
+        prober: NodeProber | None = None,
+        engine: Engine | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.files = files
+        self.prober = prober
+        self.engine = engine or make_engine(settings.store)
+        self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        self.clock = clock
+        self.leader = LeaderLock(self.engine, settings)
+        self.stopping = threading.Event()
+        self._cycle_lock = threading.Lock()
+        self._wedge_seen: dict[int, datetime] = {}
+        self._started = False
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Refuse an old schema; reconcile relaunches a crash left between intent and answer."""
+        check_schema_current(self.engine)
+        self._started = True
+
+    def reconcile(self, session: Session) -> list[tuple[int, int | None]]:
+        """Close every pending intent: found in Slurm by its token, or not submitted."""
+        closed: list[tuple[int, int | None]] = []
+        for intent in repo.pending_intents(session):
+            since = intent.recorded_at - timedelta(minutes=5)
+            found = self._job_with_token(intent.token, since)
+            repo.reconcile_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
+            if found is not None:
+                self._record_found_submission(session, intent, found)
+            closed.append((intent.action_id, found))
+            log.info(
+                "reconciled intent",
+                extra={"fields": {"action": intent.action_id, "job": found}},
+            )
+        return closed
+
+    def _job_with_token(self, token: str, since: datetime) -> int | None:
+        from daemon.slurm.records import JobState  # noqa: PLC0415
+
+        every_state = [state for state in JobState if state is not JobState.UNKNOWN]
+        jobs = self.backend.finished_jobs(since, self.clock(), states=every_state)
+        for job in jobs:
+            if job.comment and token in job.comment:
+                return job.job_id
+        return None
+
+    def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
+        from daemon.store.models import Proposal  # noqa: PLC0415
+
+        proposal = session.get(Proposal, intent.proposal_id)
+        data = proposal.patch if proposal is not None else {}
+        revision = data.get("revision")
+        if proposal is None or proposal.lineage_id is None or revision is None:
+            return
+        from daemon.store.models import Lineage  # noqa: PLC0415
+
+        lineage = session.get(Lineage, proposal.lineage_id)
+        records.record_lineage_submission(
+            session,
+            slurm_job_id=job_id,
+            lineage_id=proposal.lineage_id,
+            attempt=(lineage.attempts + 1) if lineage is not None else 1,
+            revision_id=int(revision),
+            proposal_id=proposal.id,
+            token=intent.token,
+            actor=DAEMON,
+        )
+        session.commit()
+
+    # -- the cycle --------------------------------------------------------------------------
+
+    def cycle(self) -> CycleReport:
+        """One pass; each step's failure is logged and the others still run."""
+        report = CycleReport()
+        with self._cycle_lock:
+            if not self.leader.try_acquire():
+                log.info("standby: another slurm-medic holds the leader lock")
+                return report
+            report.leader = True
+            steps: list[tuple[str, Callable[[Session, CycleReport], None]]] = [
+                ("reconcile", self._step_reconcile),
+                ("poll", self._step_poll),
+                ("wedged", self._step_wedged),
+                ("act", self._step_act),
+                ("verify", self._step_verify),
+                ("expire", self._step_expire),
+            ]
+            for name, step in steps:
+                if self.stopping.is_set():
+                    break
+                with self.sessions() as session:
+                    try:
+                        step(session, report)
+                        session.commit()
+                    except Exception as error:  # a cycle must survive any one step's failure
+                        session.rollback()
+                        report.errors.append(f"{name}: {error}")
+                        log.exception("step %s failed", name)
+        return report
+
+    def _step_reconcile(self, session: Session, report: CycleReport) -> None:
+        if repo.pending_intents(session):
+            self.reconcile(session)
+
+    def _step_poll(self, session: Session, report: CycleReport) -> None:
+        watcher = self.settings.watcher
+        now = self.clock()
+        cursor = repo.get_cursor(session, name=CURSOR)
+        start = (
+            cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
+        )
+        since = start - timedelta(seconds=watcher.overlap_s)
+        jobs = self.backend.finished_jobs(since, now, states=watcher.states)
+        report.polled = len(jobs)
+        handled = records.handled_job_ids(session, slurm_job_ids=[job.job_id for job in jobs])
+        deps = PipelineDeps(self.settings, self.prober, self.files, self.clock)
+        wait = timedelta(seconds=watcher.incomplete_record_wait_s)
+        hold_cursor: datetime | None = None
+        for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id)):
+            if job.job_id in handled or self.stopping.is_set():
+                continue
+            complete = self._complete_record(job)
+            if complete is None:
+                if not incomplete_record_expired(job, now, wait):
+                    end = job.end_time or now
+                    hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
+                    continue
+                complete = job
+            result = handle_ended_job(session, complete, deps)
+            session.commit()
+            if result.outcome != "unmanaged":
+                report.handled.append(result)
+                log.info("handled job", extra={"fields": dict(vars(result))})
+        new_cursor = now if hold_cursor is None else min(now, hold_cursor)
+        if cursor is None or new_cursor > cursor:
+            repo.set_cursor(session, name=CURSOR, polled_until=new_cursor)
+
+    def _complete_record(self, job: SlurmJob) -> SlurmJob | None:
+        """The full record (exit codes, std paths) for a job worth handling; None: wait."""
+        if not job.accounting_complete:
+            return None
+        try:
+            full = self.backend.job(job.job_id)
+        except SlurmError:
+            return job
+        return full if full.accounting_complete else None
+
+    def _step_wedged(self, session: Session, report: CycleReport) -> None:
+        wedge = self.settings.wedge
+        if not wedge.enabled:
+            return
+        lineage_jobs = records.lineage_job_ids(session)
+        if not lineage_jobs:
+            return
+        now = self.clock()
+        running = [job for job in self.backend.running_jobs() if job.job_id in lineage_jobs]
+        for job in running:
+            full = self.backend.job(job.job_id)
+            if not self._root_failure_seen(full):
+                self._wedge_seen.pop(job.job_id, None)
+                continue
+            first = self._wedge_seen.setdefault(job.job_id, now)
+            if now - first < timedelta(seconds=wedge.grace_s):
+                continue
+            action = repo.record_action(
+                session,
+                kind=ActionKind.SCANCEL,
+                argv=["scancel", str(job.job_id)],
+                actor=DAEMON,
+            )
+            session.commit()
+            try:
+                self.backend.cancel(job.job_id)
+            except SlurmError as error:
+                repo.finish_action(
+                    session,
+                    action_id=action.id,
+                    exit_code=None,
+                    stdout="",
+                    stderr=str(error),
+                    succeeded=False,
+                )
+                continue
+            repo.finish_action(
+                session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
+            )
+            repo.append_audit(
+                session,
+                actor=DAEMON,
+                verb="wedged_cancelled",
+                subject_type="job",
+                subject_id=job.job_id,
+                details={"first_seen": first.isoformat(), "grace_s": wedge.grace_s},
+            )
+            session.commit()
+            self._wedge_seen.pop(job.job_id, None)
+            report.wedged_cancelled.append(job.job_id)
+
+    def _root_failure_seen(self, job: SlurmJob) -> bool:
+        """A rank's root failure in the log of a job still running: the others hang."""
+        findings = read_log_findings(job, self.files)
+        return findings.oom is not None or (
+            findings.root_failure_line is not None and findings.traceback_seen
+        )
+
+    def _step_act(self, session: Session, report: CycleReport) -> None:
+        deps = ActDeps(
+            self.settings,
+            self.backend,
+            files=self.files,
+            clock=self.clock,
+            paused=self.settings.pause_file.exists,
+        )
+        report.acted = act_on_approved(session, deps)
+        for result in report.acted:
+            log.info("acted", extra={"fields": dict(vars(result))})
+
+    def _step_verify(self, session: Session, report: CycleReport) -> None:
+        deps = FollowDeps(self.settings, self.backend, self.files, self.clock)
+        report.followed = follow_relaunches(session, deps)
+
+    def _step_expire(self, session: Session, report: CycleReport) -> None:
+        ttl = timedelta(seconds=self.settings.policy.proposal_ttl_s)
+        for proposal in records.stale_proposals(session, older_than=ttl, now=self.clock()):
+            repo.transition_proposal(
+                session,
+                proposal_id=proposal.id,
+                to=ProposalState.EXPIRED,
+                actor=DAEMON,
+                reason=f"no decision within {ttl}",
+            )
+            report.expired += 1
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, *, once: bool = False) -> None:
+        """Run cycles until SIGTERM/SIGINT; `once` runs a single cycle and returns."""
+        self.start()
+        if once:
+            self.cycle()
+            self.leader.release()
+            return
+        from apscheduler.schedulers.blocking import BlockingScheduler  # noqa: PLC0415
+
+        scheduler = BlockingScheduler(timezone=UTC)
+        interval = self.settings.watcher.poll_interval_s
+        scheduler.add_job(
+            self._scheduled_cycle,
+            "interval",
+            seconds=interval,
+            id="cycle",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now(UTC),
+        )
+        scheduler.add_job(
+            lambda: sd_notify("WATCHDOG=1"), "interval", seconds=max(1.0, interval / 2)
+        )
+
+        def stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: finishing the step in flight, then stopping", signum)
+            self.stopping.set()
+            scheduler.shutdown(wait=False)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        sd_notify("READY=1")
+        try:
+            scheduler.start()
+        finally:
+            with self._cycle_lock:  # wait for the step in flight
+                self.leader.release()
+            sd_notify("STOPPING=1")
+
+    def _scheduled_cycle(self) -> None:
+        started = time.monotonic()
+        report = self.cycle()
+        log.info(
+            "cycle",
+            extra={
+                "fields": {
+                    "leader": report.leader,
+                    "polled": report.polled,
+                    "handled": len(report.handled),
+                    "acted": len(report.acted),
+                    "errors": report.errors,
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            },
+        )
+
+
+@contextmanager
+def daemon_from_settings(settings: Settings) -> Iterator[Daemon]:
+    """The production wiring: Slurm's CLI, the SSH prober, the owner-rights reader."""
+    from daemon.pipeline import OwnerJobFiles  # noqa: PLC0415
+    from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
+
+    prober = NodeProber(settings.probe) if settings.probe is not None else None
+    daemon = Daemon(
+        settings,
+        backend=SlurmCli(timeout_s=settings.slurm_timeout_s),
+        files=OwnerJobFiles(),
+        prober=prober,
+    )
+    try:
+        yield daemon
+    finally:
+        daemon.leader.release()
+        daemon.engine.dispose()

@@ -1,0 +1,244 @@
+"""Following a relaunch until it has shown the fix worked, or failed again.
+
+Verified: the relaunch logged at least `margin_steps` past the step that failed AND a
+checkpoint newer than the one it resumed from exists (the run can be resumed past the
+failure). A relaunch that fails again is judged by the pipeline: the same kind of failure
+moves the lineage up the ladder, a different one stops and asks a person, and one that did
+not get past the failing step counts as no progress (the planner ends retries on those).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from daemon.config import Settings
+from daemon.diagnosis import Diagnosis, FailureKind
+from daemon.evidence.records import Evidence
+from daemon.owner_files import OwnerReadRefused
+from daemon.pipeline import DAEMON, JobFiles, PipelineDeps, lineage_template, read_log_findings
+from daemon.planner import Outcome
+from daemon.slurm.backend import SlurmBackend
+from daemon.slurm.errors import JobNotFound, SlurmError
+from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import repository as repo
+from daemon.store import service_records as records
+from daemon.store.models import Incident, Lineage, LineageStatus, Proposal, TemplateRevision
+from daemon.store.states import ProposalState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a relaunch got, as its log and its checkpoints show."""
+
+    max_step_seen: int | None
+    newest_checkpoint_step: int | None
+
+
+@dataclass(frozen=True)
+class VerifyVerdict:
+    verified: bool
+    reasons: tuple[str, ...]
+
+
+def judge_progress(
+    *,
+    failing_step: int | None,
+    resumed_step: int | None,
+    margin_steps: int,
+    progress: Progress,
+) -> VerifyVerdict:
+    """Verified only when both the step margin and a newer checkpoint are shown."""
+    reasons: list[str] = []
+    target = (failing_step or 0) + margin_steps
+    step_ok = progress.max_step_seen is not None and progress.max_step_seen >= target
+    if step_ok:
+        reasons.append(
+            f"logged step {progress.max_step_seen}, at least {margin_steps} past the failing "
+            f"step {failing_step}"
+        )
+    else:
+        reasons.append(f"has not logged step {target} yet (seen {progress.max_step_seen})")
+    newest = progress.newest_checkpoint_step
+    checkpoint_ok = newest is not None and (resumed_step is None or newest > resumed_step)
+    if checkpoint_ok:
+        reasons.append(f"wrote checkpoint step {newest} (resumed from {resumed_step})")
+    else:
+        reasons.append(f"no checkpoint newer than step {resumed_step} yet (newest {newest})")
+    return VerifyVerdict(step_ok and checkpoint_ok, tuple(reasons))
+
+
+def relaunch_outcome(previous: FailureKind, again: Diagnosis) -> Outcome:
+    """The same kind of failure climbs the ladder; anything else needs a person."""
+    return Outcome.SAME_FAILURE if again.kind is previous else Outcome.DIFFERENT_FAILURE
+
+
+# ----------------------------------------------------------------------------- store side
+
+
+def judge_failed_relaunch(
+    session: Session, proposal_id: int, verdict: Diagnosis, evidence: Evidence
+) -> None:
+    """Close a relaunch that failed: its outcome and how far it got go on the proposal."""
+    proposal = session.get(Proposal, proposal_id)
+    if proposal is None or proposal.state not in (
+        ProposalState.SUBMITTED.value,
+        ProposalState.VERIFYING.value,
+    ):
+        return
+    previous = session.get(Incident, proposal.incident_id)
+    previous_kind = FailureKind(previous.kind) if previous is not None else FailureKind.UNKNOWN
+    outcome = relaunch_outcome(previous_kind, verdict)
+    step_reached = evidence.log.max_step_seen
+    proposal.patch = {**proposal.patch, "outcome": outcome.value, "step_reached": step_reached}
+    repo.transition_proposal(
+        session,
+        proposal_id=proposal_id,
+        to=ProposalState.FAILED,
+        actor=DAEMON,
+        reason=(
+            f"relaunch failed again ({verdict.kind.value}, was {previous_kind.value}): "
+            f"{outcome.value}; furthest step {step_reached}"
+        ),
+    )
+
+
+def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: PipelineDeps) -> str:
+    """A relaunch that ran to the end: verified if it shows progress, else no progress."""
+    proposal = session.get(Proposal, proposal_id)
+    if proposal is None or proposal.state not in (
+        ProposalState.SUBMITTED.value,
+        ProposalState.VERIFYING.value,
+    ):
+        return "already judged"
+    progress = measure_progress(session, proposal, job, deps.files)
+    verdict = _verdict(proposal, progress, deps.settings)
+    if proposal.state == ProposalState.SUBMITTED.value:
+        repo.transition_proposal(
+            session, proposal_id=proposal_id, to=ProposalState.VERIFYING, actor=DAEMON
+        )
+    if verdict.verified:
+        _verified(session, proposal, verdict)
+        return "verified"
+    proposal.patch = {
+        **proposal.patch,
+        "outcome": Outcome.SAME_FAILURE.value,
+        "step_reached": progress.max_step_seen,
+    }
+    repo.transition_proposal(
+        session,
+        proposal_id=proposal_id,
+        to=ProposalState.FAILED,
+        actor=DAEMON,
+        reason="completed without showing progress: " + "; ".join(verdict.reasons),
+    )
+    return "no progress"
+
+
+def measure_progress(
+    session: Session,
+    proposal: Proposal,
+    job: SlurmJob,
+    files: JobFiles,
+) -> Progress:
+    """How far the relaunch got: its log's furthest step and its newest good checkpoint."""
+    findings = read_log_findings(job, files)
+    newest: int | None = None
+    revision_id = proposal.patch.get("revision")
+    revision = session.get(TemplateRevision, revision_id) if revision_id is not None else None
+    lineage = session.get(Lineage, proposal.lineage_id) if proposal.lineage_id else None
+    if revision is not None and lineage is not None:
+        template = lineage_template(lineage, revision)
+        if template.checkpoint is not None:
+            try:
+                scan = files.find_last_good(job, template.checkpoint)
+            except OwnerReadRefused:
+                scan = None
+            if scan is not None and scan.found is not None:
+                newest = scan.found.step
+    return Progress(findings.max_step_seen, newest)
+
+
+def _verdict(proposal: Proposal, progress: Progress, settings: Settings) -> VerifyVerdict:
+    return judge_progress(
+        failing_step=proposal.patch.get("failing_step"),
+        resumed_step=proposal.patch.get("resumed_step"),
+        margin_steps=settings.verify.margin_steps,
+        progress=progress,
+    )
+
+
+def _verified(session: Session, proposal: Proposal, verdict: VerifyVerdict) -> None:
+    proposal.patch = {**proposal.patch, "outcome": Outcome.VERIFIED.value}
+    repo.transition_proposal(
+        session,
+        proposal_id=proposal.id,
+        to=ProposalState.VERIFIED,
+        actor=DAEMON,
+        reason="; ".join(verdict.reasons),
+    )
+    if proposal.lineage_id is not None:
+        lineage = session.get(Lineage, proposal.lineage_id)
+        if lineage is not None and lineage.status == LineageStatus.ACTIVE.value:
+            repo.set_lineage_status(
+                session,
+                lineage_id=lineage.id,
+                status=LineageStatus.VERIFIED,
+                actor=DAEMON,
+                reason="the relaunch passed the failing step and wrote a new checkpoint",
+            )
+
+
+@dataclass
+class FollowDeps:
+    settings: Settings
+    backend: SlurmBackend
+    files: JobFiles
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str]]:
+    """Look at every relaunch in flight; verify those that already show the fix worked.
+
+    Ended relaunches are left to the finished-job poll (the pipeline judges them), so a job
+    is judged in one place only.
+    """
+    results: list[tuple[int, str]] = []
+    states = [ProposalState.SUBMITTED.value, ProposalState.VERIFYING.value]
+    for proposal in records.proposals_in(session, states=states):
+        if proposal.relaunch_job_id is None:
+            continue
+        try:
+            job = deps.backend.job(proposal.relaunch_job_id)
+        except JobNotFound:
+            results.append((proposal.id, "not in accounting yet"))
+            continue
+        except SlurmError as error:
+            results.append((proposal.id, f"Slurm did not answer: {error}"))
+            continue
+        if job.state is not JobState.RUNNING:
+            results.append((proposal.id, job.state.value))
+            continue
+        if proposal.state == ProposalState.SUBMITTED.value:
+            repo.transition_proposal(
+                session,
+                proposal_id=proposal.id,
+                to=ProposalState.VERIFYING,
+                actor=DAEMON,
+                reason=f"job {job.job_id} is running",
+            )
+        progress = measure_progress(session, proposal, job, deps.files)
+        verdict = _verdict(proposal, progress, deps.settings)
+        if verdict.verified:
+            _verified(session, proposal, verdict)
+            results.append((proposal.id, "verified"))
+        else:
+            results.append((proposal.id, "; ".join(verdict.reasons)))
+        session.commit()
+    return results
