@@ -687,6 +687,25 @@ def cursors(session: Session) -> list[Cursor]:
     return list(session.scalars(select(Cursor).order_by(Cursor.name)))
 
 
+def active_lineages(session: Session, *, limit: int = 500) -> list[Lineage]:
+    """Runs still being followed (not verified, exhausted or abandoned), newest change first."""
+    query = (
+        select(Lineage)
+        .where(Lineage.status == LineageStatus.ACTIVE.value)
+        .order_by(Lineage.updated_at.desc(), Lineage.id.desc())
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def proposals_for_incidents(session: Session, *, incident_ids: Sequence[int]) -> list[Proposal]:
+    """The proposals made for these incidents, in the order they were made."""
+    if not incident_ids:
+        return []
+    query = select(Proposal).where(Proposal.incident_id.in_(list(incident_ids)))
+    return list(session.scalars(query.order_by(Proposal.id)))
+
+
 def pending_approvals(session: Session, *, limit: int = 500) -> list[Proposal]:
     """Proposals waiting for a decision, oldest first."""
     query = (

@@ -1,0 +1,642 @@
+"""The commands for people: status, history, show, approve, reject, nodes, pause, resume.
+
+Each reads and writes the record through the repository functions, prints a table or a story
+for a person or, with `--json`, one JSON document for a script. Who is acting is taken from
+the operating system, never from a flag: the real uid, or under `sudo` the uid that ran sudo
+(`SUDO_UID` is believed only when we are root, since only sudo can have set it then). A
+decision is allowed to the job's owner, a member of `policy.admin_groups`, or root itself;
+each decision and each refused attempt is an audit event naming the person.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+from rich.console import Console
+from sqlalchemy.orm import Session
+
+from daemon.commands import story
+from daemon.config import ConfigError, Settings, load_settings
+from daemon.diagnosis import FailureKind
+from daemon.slurm.backend import SlurmCli
+from daemon.slurm.errors import SlurmError
+from daemon.slurm.scontrol import resume_argv, validate_node_name
+from daemon.store import repository as repo
+from daemon.store.engine import StoreConfigError, make_engine, make_session_factory
+from daemon.store.models import ActionKind, Incident, NodeEventKind, Proposal
+from daemon.store.schema import SchemaBehind, check_schema_current
+from daemon.store.settings import StoreSettings
+from daemon.store.states import IllegalTransition, ProposalState
+
+_DIGITS = re.compile(r"[0-9]{1,10}\Z")
+_LINEAGE_REF = re.compile(r"[Ll](?:ineage)?[:/]?([0-9]{1,10})\Z")
+_JOB_REF = re.compile(r"([0-9]{1,19})\Z")
+_RELATIVE = re.compile(r"([0-9]{1,6})([mhdw])\Z")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class NotAllowed(click.ClickException):
+    """The person may not do this (exit 3, distinct from a usage error or a missing row)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Person:
+    """Who runs the command, as the OS says; `is_root` only for root without sudo."""
+
+    name: str
+    uid: int
+    groups: frozenset[str]
+    is_root: bool
+
+    @property
+    def actor(self) -> repo.Actor:
+        return repo.Actor.user(self.name, self.uid)
+
+
+def invoking_person(environ: Mapping[str, str] | None = None, uid: int | None = None) -> Person:
+    """The person behind this process: sudo's caller when root ran through sudo."""
+    environ = os.environ if environ is None else environ
+    real = os.getuid() if uid is None else uid
+    sudo_uid = environ.get("SUDO_UID", "")
+    is_root = real == 0
+    if real == 0 and _DIGITS.match(sudo_uid) and int(sudo_uid) != 0:
+        real, is_root = int(sudo_uid), False
+    try:
+        entry = pwd.getpwuid(real)
+    except KeyError as error:
+        raise NotAllowed(f"uid {real} has no passwd entry; who is asking?") from error
+    groups = frozenset(_group_name(gid) for gid in os.getgrouplist(entry.pw_name, entry.pw_gid)) - {
+        ""
+    }
+    return Person(name=entry.pw_name, uid=real, groups=groups, is_root=is_root)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return ""
+
+
+def authority(person: Person, *, owner: str | None, settings: Settings) -> str | None:
+    """On what grounds the person may decide (None: they may not)."""
+    if person.is_root:
+        return "root"
+    admin = sorted(person.groups & set(settings.policy.admin_groups))
+    if admin:
+        return f"admin group {admin[0]}"
+    if owner is not None and person.name == owner:
+        return "job owner"
+    return None
+
+
+# ---------------------------------------------------------------- options and the record
+
+_config_option = click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    default=None,
+    help="Config file (default: $SLURM_MEDIC_CONFIG, else /etc/slurm-medic/config.toml).",
+)
+_database_option = click.option(
+    "--database",
+    "database_url",
+    metavar="URL",
+    default=None,
+    help="SQLAlchemy URL of the record, over the config's store.url.",
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+
+
+def _record_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    return _config_option(_database_option(_json_option(command)))
+
+
+def _settings(config_path: str | None) -> Settings:
+    try:
+        return load_settings(config_path)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+
+
+@contextmanager
+def _record(settings: Settings, database_url: str | None) -> Iterator[Session]:
+    """A session on the record at this code's schema; the engine is closed afterwards."""
+    try:
+        store = settings.store if database_url is None else StoreSettings(url=database_url)
+        engine = make_engine(store)
+    except (ValueError, StoreConfigError) as error:
+        raise click.BadParameter(str(error), param_hint="--database") from error
+    try:
+        check_schema_current(engine)
+        with make_session_factory(engine)() as session:
+            yield session
+    except SchemaBehind as error:
+        raise click.ClickException(str(error)) from error
+    finally:
+        engine.dispose()
+
+
+def _emit(as_json: bool, document: object, render: Callable[[Console], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+        return
+    render(Console(highlight=False, soft_wrap=True))
+
+
+# ---------------------------------------------------------------- status
+
+
+@click.command("status")
+@_record_options
+def status_command(config_path: str | None, database_url: str | None, as_json: bool) -> None:
+    """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
+    settings = _settings(config_path)
+    with _record(settings, database_url) as session:
+        flag = repo.pause_flag(session)
+        document = {
+            "paused": bool(flag and flag.value),
+            "pause": None
+            if flag is None
+            else {
+                "value": flag.value,
+                "by": flag.set_by,
+                "at": story.when(flag.set_at),
+                "reason": flag.reason,
+            },
+            "dry_run": settings.policy.dry_run,
+            "polls": [
+                {"watcher": cursor.name, "polled_until": story.when(cursor.polled_until)}
+                for cursor in repo.cursors(session)
+            ],
+            "active_lineages": [
+                {
+                    "id": lineage.id,
+                    "name": lineage.name,
+                    "owner": lineage.owner,
+                    "attempts": lineage.attempts,
+                    "updated_at": story.when(lineage.updated_at),
+                }
+                for lineage in repo.active_lineages(session)
+            ],
+            "pending_approvals": [
+                _pending_document(session, proposal) for proposal in repo.pending_approvals(session)
+            ],
+            "drains": [_drain_document(event) for event in repo.drains_in_force(session)],
+        }
+    _emit(as_json, document, lambda console: _print_status(console, document))
+
+
+def _pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
+    incident = session.get(Incident, proposal.incident_id)
+    return {
+        "id": proposal.id,
+        "lineage": proposal.lineage_id,
+        "job": incident.slurm_job_id if incident else None,
+        "owner": incident.user_name if incident else None,
+        "kind": incident.kind if incident else None,
+        "remediator": proposal.remediator,
+        "changes_science": proposal.changes_science,
+        "rationale": proposal.rationale,
+        "created_at": story.when(proposal.created_at),
+    }
+
+
+def _drain_document(event: Any) -> dict[str, Any]:
+    return {
+        "node": event.node,
+        "reason": event.reason,
+        "at": story.when(event.occurred_at),
+        "incident": event.incident_id,
+    }
+
+
+def _print_status(console: Console, document: dict[str, Any]) -> None:
+    pause = document["pause"]
+    if document["paused"]:
+        console.print(f"PAUSED by {pause['by']} at {pause['at']}: {pause['reason']}", markup=False)
+    else:
+        console.print("running (not paused)" + ("; dry run" if document["dry_run"] else ""))
+    console.print(
+        story.table(
+            "last polls",
+            ("watcher", "polled until"),
+            ((poll["watcher"], poll["polled_until"]) for poll in document["polls"]),
+        )
+    )
+    console.print(
+        story.table(
+            "active runs",
+            ("lineage", "name", "owner", "attempts", "updated"),
+            (
+                (row["id"], row["name"], row["owner"], row["attempts"], row["updated_at"])
+                for row in document["active_lineages"]
+            ),
+        )
+    )
+    _print_pending(console, document["pending_approvals"])
+    _print_drains(console, document["drains"])
+
+
+def _print_pending(console: Console, pending: list[dict[str, Any]]) -> None:
+    console.print(
+        story.table(
+            "waiting for approval",
+            ("proposal", "job", "owner", "kind", "lever", "science", "why"),
+            (
+                (
+                    row["id"],
+                    row["job"],
+                    row["owner"],
+                    row["kind"],
+                    row["remediator"],
+                    "changes" if row["changes_science"] else "kept",
+                    row["rationale"],
+                )
+                for row in pending
+            ),
+        )
+    )
+
+
+def _print_drains(console: Console, drains: list[dict[str, Any]]) -> None:
+    console.print(
+        story.table(
+            "nodes drained by slurm-medic",
+            ("node", "since", "reason", "incident"),
+            ((row["node"], row["at"], row["reason"], row["incident"]) for row in drains),
+        )
+    )
+
+
+# ---------------------------------------------------------------- history and show
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """`7d`, `12h`, `30m`, `2w` before now, or an ISO date/time (UTC when it names no zone)."""
+    relative = _RELATIVE.match(text.strip())
+    if relative:
+        return now - timedelta(**{_UNITS[relative.group(2)]: int(relative.group(1))})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError as error:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration like 7d/12h/30m nor an ISO date", param_hint="--since"
+        ) from error
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@click.command("history")
+@click.option("--user", default=None, help="Only this user's jobs.")
+@click.option("--since", "since_text", default="7d", show_default=True, help="7d, 12h, or a date.")
+@click.option("--kind", type=click.Choice([kind.value for kind in FailureKind]), default=None)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=200, show_default=True)
+@_record_options
+def history_command(
+    *,
+    user: str | None,
+    since_text: str,
+    kind: str | None,
+    limit: int,
+    config_path: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Failures slurm-medic analysed, newest first, with what was proposed for each."""
+    now = datetime.now(UTC)
+    since = parse_since(since_text, now)
+    settings = _settings(config_path)
+    with _record(settings, database_url) as session:
+        incidents = repo.find_incidents(
+            session,
+            since=since,
+            until=now + timedelta(seconds=1),
+            kind=FailureKind(kind) if kind else None,
+            user=user,
+            limit=limit,
+        )
+        proposals: dict[int, list[Proposal]] = {}
+        for proposal in repo.proposals_for_incidents(
+            session, incident_ids=[incident.id for incident in incidents]
+        ):
+            proposals.setdefault(proposal.incident_id, []).append(proposal)
+        rows = [
+            {
+                "incident": incident.id,
+                "at": story.when(incident.occurred_at),
+                "job": incident.slurm_job_id,
+                "lineage": incident.lineage_id,
+                "user": incident.user_name,
+                "kind": incident.kind,
+                "confidence": incident.confidence,
+                "node": incident.node,
+                "step": incident.step,
+                "proposals": [
+                    {
+                        "id": proposal.id,
+                        "remediator": proposal.remediator,
+                        "state": proposal.state,
+                        "decided_by": proposal.decided_by,
+                        "relaunch_job_id": proposal.relaunch_job_id,
+                    }
+                    for proposal in proposals.get(incident.id, [])
+                ],
+            }
+            for incident in incidents
+        ]
+    document = {"since": story.when(since), "incidents": rows}
+    _emit(as_json, document, lambda console: console.print(_history_table(rows)))
+
+
+def _history_table(rows: list[dict[str, Any]]) -> Any:
+    return story.table(
+        "failures",
+        ("when", "job", "lineage", "user", "kind", "confidence", "node", "step", "proposed"),
+        (
+            (
+                row["at"],
+                row["job"],
+                row["lineage"],
+                row["user"],
+                row["kind"],
+                row["confidence"],
+                row["node"],
+                row["step"],
+                "; ".join(f"{p['id']} {p['remediator']} {p['state']}" for p in row["proposals"]),
+            )
+            for row in rows
+        ),
+    )
+
+
+@click.command("show")
+@click.argument("reference", metavar="LINEAGE|JOB")
+@_record_options
+def show_command(
+    reference: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """The whole story of a run: `L12` for lineage 12, or a Slurm job id (its lineage's story).
+
+    Each attempt, the evidence, the diagnosis and its reasons, the proposal and the diff
+    that was applied, who decided and why, and the outcome.
+    """
+    settings = _settings(config_path)
+    with _record(settings, database_url) as session:
+        lineage = _LINEAGE_REF.match(reference.strip())
+        if lineage:
+            try:
+                document = story.lineage_document(session, lineage_id=int(lineage.group(1)))
+            except repo.NotFound as error:
+                raise click.ClickException(
+                    f"no lineage {lineage.group(1)} in the record"
+                ) from error
+        else:
+            job = _JOB_REF.match(reference.strip())
+            if not job:
+                raise click.BadParameter(
+                    f"{reference!r} is neither a lineage (L12) nor a job id", param_hint="REFERENCE"
+                )
+            found = story.job_document(session, slurm_job_id=int(job.group(1)))
+            if found is None:
+                raise click.ClickException(f"job {job.group(1)} is not in the record")
+            document = found
+    _emit(as_json, document, lambda console: story.print_story(console, document))
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def _decide(
+    proposal_id: int,
+    *,
+    to: ProposalState,
+    reason: str,
+    config_path: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    settings = _settings(config_path)
+    person = invoking_person()
+    with _record(settings, database_url) as session:
+        proposal = session.get(Proposal, proposal_id)
+        if proposal is None:
+            raise click.ClickException(f"no proposal {proposal_id} in the record")
+        incident = session.get(Incident, proposal.incident_id)
+        owner = incident.user_name if incident is not None else None
+        verb = "approve" if to is ProposalState.APPROVED else "reject"
+        grounds = authority(person, owner=owner, settings=settings)
+        if grounds is None:
+            repo.append_audit(
+                session,
+                actor=person.actor,
+                verb=f"{verb}_refused",
+                subject_type="proposal",
+                subject_id=proposal_id,
+                details={"owner": owner, "reason": "neither the job owner nor an admin"},
+            )
+            session.commit()
+            raise NotAllowed(
+                f"{person.name} may not {verb} proposal {proposal_id}: only its job's owner"
+                f" ({owner}) or a member of policy.admin_groups may"
+            )
+        try:
+            repo.transition_proposal(
+                session, proposal_id=proposal_id, to=to, actor=person.actor, reason=reason
+            )
+        except IllegalTransition as error:
+            session.rollback()
+            raise NotAllowed(f"proposal {proposal_id} is {error.current}: {error}") from error
+        repo.append_audit(
+            session,
+            actor=person.actor,
+            verb="decision_authority",
+            subject_type="proposal",
+            subject_id=proposal_id,
+            details={"decision": to.value, "grounds": grounds},
+        )
+        session.commit()
+        document = {
+            "proposal": proposal_id,
+            "state": to.value,
+            "by": person.name,
+            "uid": person.uid,
+            "grounds": grounds,
+            "reason": reason,
+        }
+    _emit(
+        as_json,
+        document,
+        lambda console: console.print(
+            f"proposal {proposal_id} {to.value} by {person.name} ({grounds})", markup=False
+        ),
+    )
+
+
+@click.command("approve")
+@click.argument("proposal_id", metavar="PROPOSAL", type=click.IntRange(min=1))
+@click.option("--comment", default="", help="Why, for the record.")
+@_record_options
+def approve_command(
+    proposal_id: int,
+    comment: str,
+    config_path: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Approve a waiting proposal (the job's owner, an admin group member, or root)."""
+    _decide(
+        proposal_id,
+        to=ProposalState.APPROVED,
+        reason=comment,
+        config_path=config_path,
+        database_url=database_url,
+        as_json=as_json,
+    )
+
+
+@click.command("reject")
+@click.argument("proposal_id", metavar="PROPOSAL", type=click.IntRange(min=1))
+@click.option("--why", required=True, help="The reason, for the record (required).")
+@_record_options
+def reject_command(
+    proposal_id: int, why: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Reject a waiting proposal; the reason goes on the record."""
+    if not why.strip():
+        raise click.BadParameter("say why", param_hint="--why")
+    _decide(
+        proposal_id,
+        to=ProposalState.REJECTED,
+        reason=why,
+        config_path=config_path,
+        database_url=database_url,
+        as_json=as_json,
+    )
+
+
+# ---------------------------------------------------------------- pause and nodes
+
+
+def _require_admin(person: Person, settings: Settings, what: str) -> str:
+    grounds = authority(person, owner=None, settings=settings)
+    if grounds is None:
+        raise NotAllowed(f"{person.name} may not {what}: root or policy.admin_groups only")
+    return grounds
+
+
+def _set_pause(
+    paused: bool, why: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    settings = _settings(config_path)
+    person = invoking_person()
+    _require_admin(person, settings, "pause or resume slurm-medic")
+    with _record(settings, database_url) as session:
+        repo.set_paused(session, paused=paused, actor=person.actor, reason=why)
+        session.commit()
+    document = {"paused": paused, "by": person.name, "reason": why}
+    word = "paused: proposals are recorded, nothing is acted on" if paused else "resumed"
+    _emit(as_json, document, lambda console: console.print(f"slurm-medic {word}", markup=False))
+
+
+@click.command("pause")
+@click.option("--why", default="", help="The reason, for the record.")
+@_record_options
+def pause_command(
+    why: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Stop acting (every daemon on this record): proposals are still made and recorded."""
+    _set_pause(True, why, config_path, database_url, as_json)
+
+
+@click.command("resume")
+@click.option("--why", default="", help="The reason, for the record.")
+@_record_options
+def resume_command(
+    why: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Lift the pause."""
+    _set_pause(False, why, config_path, database_url, as_json)
+
+
+def _slurm(settings: Settings) -> SlurmCli:
+    return SlurmCli(timeout_s=settings.slurm_timeout_s)
+
+
+@click.group("nodes", invoke_without_command=True)
+@_record_options
+@click.pass_context
+def nodes_group(
+    context: click.Context, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Nodes drained by slurm-medic and still drained; `nodes resume NODE` clears one."""
+    if context.invoked_subcommand is not None:
+        return
+    settings = _settings(config_path)
+    with _record(settings, database_url) as session:
+        drains = [_drain_document(event) for event in repo.drains_in_force(session)]
+    _emit(as_json, {"drains": drains}, lambda console: _print_drains(console, drains))
+
+
+@nodes_group.command("resume")
+@click.argument("node")
+@click.option("--why", default="", help="The reason, for the record.")
+@_record_options
+def nodes_resume_command(
+    node: str, why: str, config_path: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Return a node slurm-medic drained to service (never a drain someone else set)."""
+    try:
+        validate_node_name(node)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="NODE") from error
+    settings = _settings(config_path)
+    person = invoking_person()
+    _require_admin(person, settings, "resume a node")
+    with _record(settings, database_url) as session:
+        if node not in {event.node for event in repo.drains_in_force(session)}:
+            raise NotAllowed(f"the record holds no slurm-medic drain of {node} in force")
+        argv = resume_argv(node)
+        action = repo.record_action(
+            session, kind=ActionKind.RESUME, argv=argv, actor=person.actor, node=node
+        )
+        session.commit()
+        try:
+            _slurm(settings).resume(node)
+        except SlurmError as error:
+            repo.finish_action(
+                session,
+                action_id=action.id,
+                exit_code=None,
+                stdout="",
+                stderr=str(error),
+                succeeded=False,
+            )
+            session.commit()
+            raise click.ClickException(f"{node} not resumed: {error}") from error
+        repo.finish_action(
+            session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
+        )
+        repo.record_node_event(
+            session,
+            node=node,
+            kind=NodeEventKind.RESUME,
+            by_medic=True,
+            reason=f"resumed by {person.name}" + (f": {why}" if why else ""),
+            action_id=action.id,
+        )
+        session.commit()
+    document = {"node": node, "resumed": True, "by": person.name, "action": action.id}
+    _emit(as_json, document, lambda console: console.print(f"{node} resumed", markup=False))

@@ -1,0 +1,440 @@
+"""The commands for people on a real record (SQLite and PostgreSQL), seeded through the
+repository: what `show` tells, who may decide, and that every decision is on the record."""
+
+from __future__ import annotations
+
+import grp
+import json
+import pwd
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from daemon.cli import main
+from daemon.commands.people import invoking_person, parse_since
+from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
+from daemon.evidence.records import (
+    Evidence,
+    LogFindings,
+    NodeProbe,
+    OomFamily,
+    OomReport,
+    Phase,
+    ProbeVerdict,
+)
+from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import repository as repo
+from daemon.store.engine import make_session_factory
+from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Proposal
+from daemon.store.schema import upgrade
+from daemon.store.states import ProposalState
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+DAEMON = repo.Actor.daemon()
+JOB_NAME = "llama [bold]7b[/bold]"
+REASON = "reserved 79.1 GiB of 80 GiB at step 0: the activations do not fit"
+SCRIPT_BEFORE = "#!/bin/bash\n#SBATCH --nodes=4\n--micro-batch-size 8 \\\n--grad-accum 4\n"
+SCRIPT_AFTER = "#!/bin/bash\n#SBATCH --nodes=4\n--micro-batch-size 4 \\\n--grad-accum 8\n"
+ALICE_UID = 1001
+
+
+def _job(job_id: int, state: JobState, end: datetime) -> SlurmJob:
+    return SlurmJob(
+        job_id=job_id,
+        name=JOB_NAME,
+        user="alice",
+        uid=ALICE_UID,
+        group="alice",
+        account="research",
+        partition="gpu",
+        state=state,
+        state_raw=state.value,
+        exit_code=1 if state is JobState.FAILED else 0,
+        exit_signal=None,
+        derived_exit_code=None,
+        derived_exit_signal=None,
+        nodes=("gpu-01", "gpu-02"),
+        batch_host="gpu-01",
+        submit_time=end - timedelta(hours=2),
+        start_time=end - timedelta(hours=1),
+        end_time=end,
+        stdout_path="/home/alice/run/slurm-%j.out",
+        stderr_path=None,
+        work_dir="/home/alice/run",
+        comment=None,
+    )
+
+
+@dataclass(frozen=True)
+class Seeded:
+    url: str
+    lineage_id: int
+    proposal_id: int  # verified, decided by alice
+    waiting_id: int  # a second failure's proposal, waiting for a person
+    config: Path
+
+
+def _seed(session: Session) -> tuple[int, int, int]:
+    """A lineage whose first attempt died of a true OOM, was fixed, relaunched and verified;
+    and an unrelated job whose proposal waits for a person."""
+    lineage = repo.create_lineage(session, name=JOB_NAME, owner="alice", template="llama-7b")
+    first = _job(1001, JobState.FAILED, NOW - timedelta(hours=3))
+    repo.record_job(session, job=first, lineage_id=lineage.id, attempt=1)
+    oom = OomReport(
+        family=OomFamily.TORCH_ALLOCATOR,
+        message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        requested_bytes=2 * 2**30,
+        total_bytes=80 * 2**30,
+        reserved_bytes=79 * 2**30,
+    )
+    evidence = Evidence(
+        log=LogFindings(rank=3, node="gpu-02", step=0, phase=Phase.FORWARD, oom=oom),
+        job=first,
+        probe=NodeProbe(
+            node="gpu-02", probed_at=NOW, verdict=ProbeVerdict.HEALTHY, reasons=("no XID",)
+        ),
+    )
+    diagnosis = Diagnosis(
+        kind=FailureKind.TRUE_OOM,
+        confidence=Confidence.HIGH,
+        reasons=(REASON,),
+        onset=Onset.STEP0,
+        rank=3,
+        node="gpu-02",
+        step=0,
+        phase=Phase.FORWARD,
+        oom=oom,
+    )
+    incident = repo.record_incident(
+        session, slurm_job_id=1001, evidence=evidence, diagnosis=diagnosis
+    )
+    patch = {
+        "changes": [
+            {"knob": "micro_batch", "before": 8, "after": 4},
+            {"knob": "grad_accum", "before": 4, "after": 8},
+        ],
+        "reason": "halve the micro-batch",
+    }
+    proposal = repo.propose(
+        session,
+        incident_id=incident.id,
+        remediator="micro_batch_down",
+        patch=patch,
+        rationale="micro-batch 8 -> 4, grad-accum 4 -> 8: the global batch is kept",
+        cost=1.0,
+        changes_science=False,
+        actor=DAEMON,
+    )
+    parent = repo.record_template_revision(
+        session, lineage_id=lineage.id, knobs={"micro_batch": 8}, rendered_script=SCRIPT_BEFORE
+    )
+    repo.record_template_revision(
+        session,
+        lineage_id=lineage.id,
+        knobs={"micro_batch": 4},
+        rendered_script=SCRIPT_AFTER,
+        parent_id=parent.id,
+        proposal_id=proposal.id,
+    )
+    repo.transition_proposal(
+        session,
+        proposal_id=proposal.id,
+        to=ProposalState.APPROVED,
+        actor=repo.Actor.user("alice", ALICE_UID),
+        reason="fine, the global batch is kept",
+    )
+    intent = repo.record_submit_intent(
+        session,
+        proposal_id=proposal.id,
+        build_argv=lambda token: ["sbatch", f"--comment={token}", "job.sh"],
+        actor=DAEMON,
+    )
+    repo.record_submitted(session, intent=intent, slurm_job_id=1002, actor=DAEMON)
+    repo.record_job(
+        session,
+        job=_job(1002, JobState.COMPLETED, NOW - timedelta(hours=1)),
+        lineage_id=lineage.id,
+        attempt=2,
+    )
+    for state in (ProposalState.VERIFYING, ProposalState.VERIFIED):
+        repo.transition_proposal(session, proposal_id=proposal.id, to=state, actor=DAEMON)
+    repo.set_lineage_status(
+        session,
+        lineage_id=lineage.id,
+        status=LineageStatus.VERIFIED,
+        actor=DAEMON,
+        reason="passed step 2 and wrote checkpoint-100",
+    )
+    other = _job(2001, JobState.FAILED, NOW - timedelta(minutes=30))
+    repo.record_job(session, job=other)
+    fragmented = repo.record_incident(
+        session,
+        slurm_job_id=2001,
+        evidence=Evidence(job=other),
+        diagnosis=Diagnosis(
+            kind=FailureKind.FRAGMENTATION, confidence=Confidence.MEDIUM, reasons=("split",)
+        ),
+    )
+    waiting = repo.propose(
+        session,
+        incident_id=fragmented.id,
+        remediator="sequence_length_down",
+        patch={"changes": [{"knob": "seq_len", "before": 4096, "after": 2048}]},
+        rationale="shorter sequences [red]change the science[/red]",
+        cost=3.0,
+        changes_science=True,
+        actor=DAEMON,
+    )
+    session.commit()
+    return lineage.id, proposal.id, waiting.id
+
+
+def _write_config(path: Path, url: str, admin_groups: tuple[str, ...] = ()) -> Path:
+    groups = ", ".join(f'"{group}"' for group in admin_groups)
+    path.write_text(f'[store]\nurl = "{url}"\n\n[policy]\nadmin_groups = [{groups}]\n')
+    return path
+
+
+@pytest.fixture
+def seeded(empty_db_engine: Engine, tmp_path: Path) -> Seeded:
+    upgrade(empty_db_engine)
+    with make_session_factory(empty_db_engine)() as session:
+        lineage_id, proposal_id, waiting_id = _seed(session)
+    url = empty_db_engine.url.render_as_string(hide_password=False)
+    config = _write_config(tmp_path / "config.toml", url)
+    return Seeded(url, lineage_id, proposal_id, waiting_id, config)
+
+
+def _cli(seeded: Seeded, *args: str, sudo_uid: int | None = None) -> Result:
+    env = {"COLUMNS": "250", "SUDO_UID": str(sudo_uid) if sudo_uid is not None else ""}
+    return CliRunner().invoke(main, [*args, "--config", str(seeded.config)], env=env)
+
+
+def _json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _audit(seeded: Seeded, engine: Engine, verb: str) -> list[AuditEvent]:
+    with make_session_factory(engine)() as session:
+        return list(session.scalars(select(AuditEvent).where(AuditEvent.verb == verb)))
+
+
+def _proposal(engine: Engine, proposal_id: int) -> Proposal:
+    with make_session_factory(engine)() as session:
+        proposal = session.get(Proposal, proposal_id)
+        assert proposal is not None
+        return proposal
+
+
+# ---------------------------------------------------------------- show and history
+
+
+def test_show_tells_the_whole_story_of_a_run(seeded: Seeded) -> None:
+    result = _cli(seeded, "show", f"L{seeded.lineage_id}")
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "attempt 1: job 1001" in text
+    assert "attempt 2: job 1002" in text
+    assert JOB_NAME in text  # markup in a job name is shown, never interpreted
+    assert f"because: {REASON}" in text
+    assert "diagnosis: true_oom (high confidence) onset step0" in text
+    assert "requested 2.00 GiB, total 80.00 GiB" in text
+    assert "micro_batch: 8 -> 4" in text
+    assert "---micro-batch-size 8 \\" in text
+    assert "+--micro-batch-size 4 \\" in text
+    assert "proposal_approved by alice: fine, the global batch is kept" in text
+    assert "micro_batch_down verified by alice; relaunched as 1002" in text
+    assert "status verified" in text
+
+
+def test_show_a_job_id_tells_its_lineage_story_as_json(seeded: Seeded) -> None:
+    document = _json(_cli(seeded, "show", "1002", "--json"))
+    assert document["asked_for_job"] == 1002
+    assert document["lineage"]["status"] == "verified"
+    first, second = document["attempts"]
+    assert first["incidents"][0]["reasons"] == [REASON]
+    assert first["incidents"][0]["probe"]["verdict"] == "healthy"
+    proposal = first["proposals"][0]
+    assert proposal["decided_by"] == "alice"
+    assert proposal["changes"][1] == {"knob": "grad_accum", "before": 4, "after": 8}
+    assert "+--grad-accum 8" in proposal["diff"]
+    approvals = [event for event in proposal["trail"] if event["verb"] == "proposal_approved"]
+    assert [(e["who"], e["reason"]) for e in approvals] == [
+        ("alice", "fine, the global batch is kept")
+    ]
+    assert second["job"]["state"] == "COMPLETED"
+
+
+def test_show_refuses_what_the_record_does_not_hold(seeded: Seeded) -> None:
+    assert _cli(seeded, "show", "L999").exit_code == 1
+    missing = _cli(seeded, "show", "31337")
+    assert missing.exit_code == 1
+    assert "job 31337 is not in the record" in missing.output
+    assert _cli(seeded, "show", "1001; rm -rf /").exit_code == 2
+
+
+def test_history_filters_by_kind_user_and_time(seeded: Seeded) -> None:
+    everything = _json(_cli(seeded, "history", "--json"))
+    assert [row["job"] for row in everything["incidents"]] == [2001, 1001]
+    assert everything["incidents"][1]["proposals"][0]["state"] == "verified"
+    fragmentation = _json(_cli(seeded, "history", "--kind", "fragmentation", "--json"))
+    assert [row["job"] for row in fragmentation["incidents"]] == [2001]
+    assert _json(_cli(seeded, "history", "--user", "bob", "--json"))["incidents"] == []
+    recent = _json(_cli(seeded, "history", "--since", "1h", "--json"))
+    assert [row["job"] for row in recent["incidents"]] == [2001]
+    table = _cli(seeded, "history", "--user", "alice")
+    assert "micro_batch_down verified" in table.output
+    assert _cli(seeded, "history", "--since", "last tuesday").exit_code == 2
+
+
+def test_since_accepts_durations_and_dates() -> None:
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    assert parse_since("2d", now) == datetime(2026, 11, 20, 12, tzinfo=UTC)
+    assert parse_since("2026-11-01", now) == datetime(2026, 11, 1, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_lists_waiting_proposals_drains_and_the_pause(
+    seeded: Seeded, empty_db_engine: Engine
+) -> None:
+    with make_session_factory(empty_db_engine)() as session:
+        repo.record_node_event(
+            session, node="gpu-03", kind=NodeEventKind.DRAIN, by_medic=True, reason="medic: XID 79"
+        )
+        repo.set_cursor(session, name="finished", polled_until=NOW)
+        session.commit()
+    document = _json(_cli(seeded, "status", "--json"))
+    assert document["paused"] is False
+    assert [row["id"] for row in document["pending_approvals"]] == [seeded.waiting_id]
+    assert document["pending_approvals"][0]["owner"] == "alice"
+    assert [row["node"] for row in document["drains"]] == ["gpu-03"]
+    assert document["polls"] == [{"watcher": "finished", "polled_until": NOW.isoformat()}]
+    text = _cli(seeded, "status").output
+    assert "[red]change the science[/red]" in text
+    assert "medic: XID 79" in text
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def test_the_owner_approves_with_a_comment_on_the_record(
+    seeded: Seeded, empty_db_engine: Engine
+) -> None:
+    result = _cli(
+        seeded,
+        "approve",
+        str(seeded.waiting_id),
+        "--comment",
+        "ok for this run",
+        "--json",
+        sudo_uid=ALICE_UID,
+    )
+    assert _json(result)["grounds"] == "job owner"
+    proposal = _proposal(empty_db_engine, seeded.waiting_id)
+    assert proposal.state == ProposalState.APPROVED.value
+    assert proposal.decided_by == "alice"
+    approved = _audit(seeded, empty_db_engine, "proposal_approved")
+    mine = [event for event in approved if event.subject_id == str(seeded.waiting_id)]
+    assert [(e.actor_name, e.actor_uid, e.details["reason"]) for e in mine] == [
+        ("alice", ALICE_UID, "ok for this run")
+    ]
+    again = _cli(seeded, "approve", str(seeded.waiting_id), sudo_uid=ALICE_UID)
+    assert again.exit_code == 3
+    assert "is approved" in again.output
+
+
+def test_a_stranger_may_not_decide_and_the_attempt_is_recorded(
+    seeded: Seeded, empty_db_engine: Engine
+) -> None:
+    nobody = pwd.getpwnam("nobody").pw_uid
+    result = _cli(seeded, "approve", str(seeded.waiting_id), sudo_uid=nobody)
+    assert result.exit_code == 3
+    assert "nobody may not approve" in result.output
+    assert _proposal(empty_db_engine, seeded.waiting_id).state == ProposalState.PROPOSED.value
+    refused = _audit(seeded, empty_db_engine, "approve_refused")
+    assert [(event.actor_name, event.subject_id) for event in refused] == [
+        ("nobody", str(seeded.waiting_id))
+    ]
+
+
+def test_an_admin_group_member_rejects_and_must_say_why(
+    seeded: Seeded, empty_db_engine: Engine, tmp_path: Path
+) -> None:
+    nobody = pwd.getpwnam("nobody")
+    admin_group = _group_of(nobody.pw_gid)
+    _write_config(seeded.config, seeded.url, (admin_group,))
+    assert _cli(seeded, "reject", str(seeded.waiting_id), sudo_uid=nobody.pw_uid).exit_code == 2
+    result = _cli(
+        seeded,
+        "reject",
+        str(seeded.waiting_id),
+        "--why",
+        "changes the science",
+        "--json",
+        sudo_uid=nobody.pw_uid,
+    )
+    assert _json(result)["grounds"] == f"admin group {admin_group}"
+    proposal = _proposal(empty_db_engine, seeded.waiting_id)
+    assert (proposal.state, proposal.decided_by) == ("rejected", "nobody")
+    rejected = _audit(seeded, empty_db_engine, "proposal_rejected")
+    assert [event.details["reason"] for event in rejected] == ["changes the science"]
+
+
+def _group_of(gid: int) -> str:
+    return grp.getgrgid(gid).gr_name
+
+
+def test_sudo_uid_is_believed_only_from_root() -> None:
+    assert invoking_person({"SUDO_UID": "0"}, uid=ALICE_UID).name == "alice"
+    as_alice = invoking_person({"SUDO_UID": str(pwd.getpwnam("nobody").pw_uid)}, uid=ALICE_UID)
+    assert (as_alice.name, as_alice.is_root) == ("alice", False)
+    through_sudo = invoking_person({"SUDO_UID": str(ALICE_UID)}, uid=0)
+    assert (through_sudo.name, through_sudo.is_root) == ("alice", False)
+    fullwidth_1001 = "\uff11\uff10\uff10\uff11"
+    assert invoking_person({"SUDO_UID": fullwidth_1001}, uid=0).is_root  # not ASCII digits
+
+
+# ---------------------------------------------------------------- pause and nodes
+
+
+def test_pause_and_resume_are_on_the_record(seeded: Seeded, empty_db_engine: Engine) -> None:
+    assert _cli(seeded, "pause", "--why", "driver upgrade").exit_code == 0
+    paused = _json(_cli(seeded, "status", "--json"))
+    assert paused["paused"] is True
+    assert (paused["pause"]["by"], paused["pause"]["reason"]) == ("root", "driver upgrade")
+    assert _cli(seeded, "pause", sudo_uid=ALICE_UID).exit_code == 3
+    assert _cli(seeded, "resume").exit_code == 0
+    assert _json(_cli(seeded, "status", "--json"))["paused"] is False
+    verbs = [e.verb for e in _audit(seeded, empty_db_engine, "pause")] + [
+        e.verb for e in _audit(seeded, empty_db_engine, "unpause")
+    ]
+    assert verbs == ["pause", "unpause"]
+
+
+def test_nodes_lists_medic_drains_and_refuses_to_resume_others(
+    seeded: Seeded, empty_db_engine: Engine
+) -> None:
+    with make_session_factory(empty_db_engine)() as session:
+        repo.record_node_event(
+            session, node="gpu-03", kind=NodeEventKind.DRAIN, by_medic=True, reason="medic: XID 79"
+        )
+        repo.record_node_event(
+            session, node="gpu-04", kind=NodeEventKind.DRAIN, by_medic=False, reason="bios update"
+        )
+        session.commit()
+    listed = _json(_cli(seeded, "nodes", "--json"))
+    assert [row["node"] for row in listed["drains"]] == ["gpu-03"]
+    refused = _cli(seeded, "nodes", "resume", "gpu-04")
+    assert refused.exit_code == 3
+    assert "no slurm-medic drain of gpu-04" in refused.output
+    assert _cli(seeded, "nodes", "resume", "-gpu-03").exit_code == 2
+    assert _cli(seeded, "nodes", "resume", "gpu-03", sudo_uid=ALICE_UID).exit_code == 3
