@@ -251,6 +251,11 @@ COMMON_ROLES: Mapping[Role, str] = {
 }
 
 
+def no_config(_knobs: Knobs, _base: Mapping[str, object]) -> str | None:
+    """`render_config` of a dialect whose knobs all live on the command line or environment."""
+    return None
+
+
 def flag_if(condition: bool, *args: str) -> tuple[str, ...]:
     """The args when the condition holds, else nothing: how boolean flags render."""
     return args if condition else ()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from daemon.dialects.base import (
     COMMON_DEFAULTS,
     COMMON_KNOBS,
@@ -15,6 +13,7 @@ from daemon.dialects.base import (
     Role,
     flag_if,
     integer,
+    no_config,
     text,
 )
 
@@ -43,10 +42,6 @@ def _args(knobs: Knobs) -> tuple[str, ...]:
     resume = text(knobs, "resume_from_checkpoint")
     args += flag_if(bool(resume), "--resume_from_checkpoint", resume)
     return tuple(args)
-
-
-def _no_config(_knobs: Knobs, _base: Mapping[str, object]) -> str | None:
-    return None
 
 
 DIALECT = Dialect(
@@ -97,7 +92,7 @@ DIALECT = Dialect(
     },
     render_args=_args,
     render_env=lambda _knobs: (),
-    render_config=_no_config,
+    render_config=no_config,
     global_batch_fixed=False,
     invariant="global = per_device_train_batch_size x gradient_accumulation_steps x nodes x gpus",
     resume_note="--resume_from_checkpoint OUTPUT_DIR/checkpoint-N",

@@ -6,8 +6,6 @@ patch only ever changes `--micro-batch-size`; the global batch, and the science,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from daemon.dialects.base import (
     COMMON_DEFAULTS,
     COMMON_KNOBS,
@@ -22,6 +20,7 @@ from daemon.dialects.base import (
     Role,
     flag_if,
     integer,
+    no_config,
     text,
 )
 
@@ -55,10 +54,6 @@ def _args(knobs: Knobs) -> tuple[str, ...]:
     resume = text(knobs, "load")
     args += flag_if(bool(resume), "--load", resume)
     return tuple(args)
-
-
-def _no_config(_knobs: Knobs, _base: Mapping[str, object]) -> str | None:
-    return None
 
 
 DIALECT = Dialect(
@@ -115,7 +110,7 @@ DIALECT = Dialect(
     },
     render_args=_args,
     render_env=lambda _knobs: (),
-    render_config=_no_config,
+    render_config=no_config,
     global_batch_fixed=True,
     invariant=(
         "global_batch_size = micro_batch_size x accumulation x data-parallel, "

@@ -17,6 +17,7 @@ from daemon.dialects.base import (
     KnobSpec,
     Role,
     integer,
+    no_config,
     text,
 )
 
@@ -59,10 +60,6 @@ def _env(knobs: Knobs) -> tuple[tuple[str, str], ...]:
     if resume:
         values["resume_from"] = resume
     return tuple((ENV_NAMES[knob], value) for knob, value in values.items())
-
-
-def _no_config(_knobs: Knobs, _base: Mapping[str, object]) -> str | None:
-    return None
 
 
 DIALECT = Dialect(
@@ -108,7 +105,7 @@ DIALECT = Dialect(
     },
     render_args=lambda _knobs: (),
     render_env=_env,
-    render_config=_no_config,
+    render_config=no_config,
     global_batch_fixed=False,
     invariant="global = MICRO_BATCH x GRAD_ACCUM x nodes x gpus",
     resume_note="RESUME_FROM=CHECKPOINT_DIR in the environment",
