@@ -123,6 +123,17 @@ def is_unset(template: LaunchTemplate, knob: str) -> bool:
     return not template.dialect.spec(knob).is_set(template.knobs[knob])
 
 
+def explicit_knob(template: LaunchTemplate, role: Role, what: str) -> str | Applicability:
+    """The knob that plays `role`, or why a lever moving it does not apply: the dialect has no
+    `what` knob, or the script never set it (its value is then the program's default)."""
+    knob = template.dialect.knob_for(role)
+    if knob is None:
+        return no(f"dialect {template.dialect.name} has no {what} knob")
+    if is_unset(template, knob):
+        return no(f"{knob} is not set in the template: its value is the program's default")
+    return knob
+
+
 def int_knob(knobs: Knobs, name: str) -> int:
     value = knobs[name]
     if isinstance(value, bool) or not isinstance(value, int):

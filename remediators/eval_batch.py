@@ -16,9 +16,9 @@ from remediators.base import (
     Lever,
     RemediationProposal,
     change,
+    explicit_knob,
     human_bytes,
     int_knob,
-    is_unset,
     no,
     require,
     yes,
@@ -39,11 +39,9 @@ class EvalBatchDown:
     lever: Lever = Lever.EVAL
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
-        knob = template.dialect.knob_for(Role.EVAL_BATCH)
-        if knob is None:
-            return no(f"dialect {template.dialect.name} has no eval batch knob")
-        if is_unset(template, knob):
-            return no(f"{knob} is not set in the template: its value is the program's default")
+        knob = explicit_knob(template, Role.EVAL_BATCH, "eval batch")
+        if isinstance(knob, Applicability):
+            return knob
         if int_knob(template.knobs, knob) <= 1:
             return no(f"{knob} is already 1")
         return yes("eval activations and logits scale with the eval batch")
@@ -103,11 +101,9 @@ class GenerationCap:
     lever: Lever = Lever.EVAL
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
-        knob = template.dialect.knob_for(Role.GENERATION_LENGTH)
-        if knob is None:
-            return no(f"dialect {template.dialect.name} has no generation length knob")
-        if is_unset(template, knob):
-            return no(f"{knob} is not set in the template: its value is the program's default")
+        knob = explicit_knob(template, Role.GENERATION_LENGTH, "generation length")
+        if isinstance(knob, Applicability):
+            return knob
         if int_knob(template.knobs, knob) < 2:
             return no(f"{knob} is already 1")
         return yes("the KV cache grows with every generated token")

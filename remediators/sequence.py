@@ -14,8 +14,8 @@ from remediators.base import (
     Lever,
     RemediationProposal,
     change,
+    explicit_knob,
     int_knob,
-    is_unset,
     no,
     require,
     yes,
@@ -30,11 +30,9 @@ class SequenceLengthDown:
     lever: Lever = Lever.SEQUENCE
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
-        knob = template.dialect.knob_for(Role.SEQ_LENGTH)
-        if knob is None:
-            return no(f"dialect {template.dialect.name} has no sequence length knob")
-        if is_unset(template, knob):
-            return no(f"{knob} is not set in the template: its value is the program's default")
+        knob = explicit_knob(template, Role.SEQ_LENGTH, "sequence length")
+        if isinstance(knob, Applicability):
+            return knob
         if int_knob(template.knobs, knob) < 2 * _MIN_SEQUENCE:
             return no(f"{knob} is already short ({template.knobs[knob]})")
         return yes("activation and attention memory grow with sequence length")

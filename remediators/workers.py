@@ -14,8 +14,8 @@ from remediators.base import (
     Lever,
     RemediationProposal,
     change,
+    explicit_knob,
     int_knob,
-    is_unset,
     no,
     require,
     yes,
@@ -28,11 +28,9 @@ class WorkersDown:
     lever: Lever = Lever.WORKERS
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
-        knob = template.dialect.knob_for(Role.WORKERS)
-        if knob is None:
-            return no(f"dialect {template.dialect.name} has no dataloader workers knob")
-        if is_unset(template, knob):
-            return no(f"{knob} is not set in the template: its value is the program's default")
+        knob = explicit_knob(template, Role.WORKERS, "dataloader workers")
+        if isinstance(knob, Applicability):
+            return knob
         if int_knob(template.knobs, knob) == 0:
             return no(f"{knob} is already 0")
         return yes("each dataloader worker holds its own host memory")
