@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from daemon.evidence.kernel_log import TimeWindow
 from daemon.evidence.probe import interpret_probe, parse_document
-from daemon.evidence.records import ProbeVerdict, XidPolicy
-from daemon.evidence.xid import XidOverride, load_catalog
+from daemon.evidence.records import NodeProbe, ProbeVerdict, XidPolicy
+from daemon.evidence.xid import XidCatalog, XidOverride, load_catalog
 
 REPO = Path(__file__).parent.parent
 PROBE = REPO / "deploy" / "node-probe" / "medic-node-probe"
@@ -55,8 +55,13 @@ def document(**tools: dict[str, object]) -> str:
     return json.dumps({"format": "medic-node-probe/1", "hostname": "h", "tools": base})
 
 
+def interpret(text: str, catalog: XidCatalog = CATALOG) -> NodeProbe:
+    """The verdict on a probe document from gpu-09, probed at NOW, looking back over WINDOW."""
+    return interpret_probe("gpu-09", text, probed_at=NOW, catalog=catalog, window=WINDOW)
+
+
 def test_clean_node_is_healthy_with_a_reason() -> None:
-    probe = interpret_probe("gpu-09", document(), probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    probe = interpret(document())
     assert probe.verdict is ProbeVerdict.HEALTHY
     assert probe.reasons[0].startswith("1 GPUs: no pending or failed row remap")
     (gpu,) = probe.gpus
@@ -70,9 +75,7 @@ def test_hardware_xid_in_window_is_faulty_and_outside_is_ignored() -> None:
         f"{outside} NVRM: Xid (PCI:0000:07:00): 48, pid=1, DBE\n"
         f"{inside} NVRM: Xid (PCI:0000:07:00): 79, pid=2, GPU has fallen off the bus.\n"
     )
-    probe = interpret_probe(
-        "gpu-09", document(kernel_log=tool(log)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(kernel_log=tool(log)))
     assert probe.verdict is ProbeVerdict.FAULTY
     assert [event.code for event in probe.xid_events] == [79]
     assert probe.reasons[0] == (
@@ -84,31 +87,23 @@ def test_operator_override_turns_a_hardware_xid_into_nothing() -> None:
     inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
     log = f"{inside} NVRM: Xid (PCI:0000:07:00): 79, pid=2, GPU has fallen off the bus.\n"
     relaxed = load_catalog({79: XidOverride(policy=XidPolicy.IGNORE)})
-    probe = interpret_probe(
-        "gpu-09", document(kernel_log=tool(log)), probed_at=NOW, catalog=relaxed, window=WINDOW
-    )
+    probe = interpret(document(kernel_log=tool(log)), catalog=relaxed)
     assert probe.verdict is ProbeVerdict.HEALTHY
 
 
 def test_threshold_counts_events_in_window() -> None:
     inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
     one = f"{inside} NVRM: Xid (PCI:0000:07:00): 63, pid=2, Row Remapper: New row marked\n"
-    probe = interpret_probe(
-        "gpu-09", document(kernel_log=tool(one)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(kernel_log=tool(one)))
     assert probe.verdict is ProbeVerdict.HEALTHY
     assert "below threshold 2" in probe.reasons[-1]
-    two = interpret_probe(
-        "gpu-09", document(kernel_log=tool(one * 2)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    two = interpret(document(kernel_log=tool(one * 2)))
     assert two.verdict is ProbeVerdict.FAULTY
 
 
 def test_uncorrectable_volatile_ecc_is_faulty() -> None:
     q = HEALTHY_Q.replace("DRAM Uncorrectable            : 0", "DRAM Uncorrectable            : 2")
-    probe = interpret_probe(
-        "gpu-09", document(gpu_health=tool(q)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(gpu_health=tool(q)))
     assert probe.verdict is ProbeVerdict.FAULTY
     assert probe.reasons == (
         "GPU 0 (00000000:07:00.0): 2 uncorrectable ECC errors since the driver loaded",
@@ -119,18 +114,14 @@ def test_remap_failure_is_faulty() -> None:
     q = HEALTHY_Q.replace(
         "Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes"
     )
-    probe = interpret_probe(
-        "gpu-09", document(gpu_health=tool(q)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(gpu_health=tool(q)))
     assert probe.verdict is ProbeVerdict.FAULTY
     assert probe.reasons == ("GPU 0 (00000000:07:00.0): row remapping failure occurred",)
 
 
 def test_small_process_is_not_a_cotenant_but_a_zombie_with_memory_is() -> None:
     apps = "GPU-a, 10, Xorg, 4 MiB\nGPU-a, 11, [Not Found], 2048 MiB\n"
-    probe = interpret_probe(
-        "gpu-09", document(compute_apps=tool(apps)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(compute_apps=tool(apps)))
     assert probe.verdict is ProbeVerdict.DEGRADED
     assert probe.reasons == (
         "GPU 0 (00000000:07:00.0): pid 11 (no name: a zombie or another namespace) holds 2.0 GiB",
@@ -140,22 +131,14 @@ def test_small_process_is_not_a_cotenant_but_a_zombie_with_memory_is() -> None:
 def test_host_oom_kill_is_reported_without_changing_verdict() -> None:
     inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
     log = f"{inside} Memory cgroup out of memory: Killed process 77 (python3) total-vm:1kB\n"
-    probe = interpret_probe(
-        "gpu-09", document(kernel_log=tool(log)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(kernel_log=tool(log)))
     assert probe.verdict is ProbeVerdict.HEALTHY
     assert probe.host_oom_kills[0].pid == 77
     assert "killed pid 77 (python3) in the window: a memory cgroup's limit" in probe.reasons[-1]
 
 
 def test_timed_out_tool_makes_the_node_unreadable_never_healthy() -> None:
-    probe = interpret_probe(
-        "gpu-09",
-        document(gpu_health=tool("", exit_code=-9, timed_out=True)),
-        probed_at=NOW,
-        catalog=CATALOG,
-        window=WINDOW,
-    )
+    probe = interpret(document(gpu_health=tool("", exit_code=-9, timed_out=True)))
     assert probe.verdict is ProbeVerdict.UNREACHABLE
     assert probe.error == "gpu_health: timed out on the node"
 
@@ -163,13 +146,7 @@ def test_timed_out_tool_makes_the_node_unreadable_never_healthy() -> None:
 def test_hardware_evidence_wins_over_a_broken_tool() -> None:
     inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
     log = f"{inside} NVRM: Xid (PCI:0000:07:00): 79, pid=2, GPU has fallen off the bus.\n"
-    probe = interpret_probe(
-        "gpu-09",
-        document(kernel_log=tool(log), gpu_health=tool("", exit_code=15)),
-        probed_at=NOW,
-        catalog=CATALOG,
-        window=WINDOW,
-    )
+    probe = interpret(document(kernel_log=tool(log), gpu_health=tool("", exit_code=15)))
     assert probe.verdict is ProbeVerdict.FAULTY
     assert "could not read gpu_health: exit 15" in probe.reasons
 
@@ -178,7 +155,7 @@ def test_hardware_evidence_wins_over_a_broken_tool() -> None:
     "text", ["", "\x89\x00garbage", "[]", '{"format": "other"}', '{"format": "medic-node-probe/1"}']
 )
 def test_unreadable_documents_are_unreachable_with_error(text: str) -> None:
-    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    probe = interpret(text)
     assert probe.verdict is ProbeVerdict.UNREACHABLE
     assert probe.error is not None
     assert probe.error.startswith("unreadable probe output")
@@ -239,33 +216,19 @@ def test_probe_program_ignores_the_client_command_and_reports_every_tool() -> No
 def test_xid45_after_a_death_is_a_note_not_a_fault() -> None:
     inside = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
     log = f"{inside} NVRM: Xid (PCI:0000:07:00): 45, pid=9, name=python3, Ch 00000008\n" * 3
-    probe = interpret_probe(
-        "gpu-09", document(kernel_log=tool(log)), probed_at=NOW, catalog=CATALOG, window=WINDOW
-    )
+    probe = interpret(document(kernel_log=tool(log)))
     assert probe.verdict is ProbeVerdict.HEALTHY
     assert probe.reasons[-1].endswith("x3 on 0000:07:00: cleanup after a process died, not a cause")
 
 
 def test_no_gpus_listed_is_not_healthy() -> None:
-    probe = interpret_probe(
-        "gpu-09",
-        document(gpu_health=tool("\n==NVSMI LOG==\n"), gpus=tool("")),
-        probed_at=NOW,
-        catalog=CATALOG,
-        window=WINDOW,
-    )
+    probe = interpret(document(gpu_health=tool("\n==NVSMI LOG==\n"), gpus=tool("")))
     assert probe.verdict is ProbeVerdict.UNREACHABLE
     assert probe.error == "nvidia-smi listed no GPUs"
 
 
 def test_truncated_kernel_log_is_said() -> None:
-    probe = interpret_probe(
-        "gpu-09",
-        document(kernel_log=tool("", truncated=True)),
-        probed_at=NOW,
-        catalog=CATALOG,
-        window=WINDOW,
-    )
+    probe = interpret(document(kernel_log=tool("", truncated=True)))
     assert probe.reasons[-1] == "the kernel log was cut to its newest part on the node"
 
 
@@ -276,7 +239,7 @@ def test_any_tool_output_gives_a_verdict_and_healthy_needs_gpus(
     text = document(
         kernel_log=tool(kernel), gpu_health=tool(health), gpus=tool(gpus), compute_apps=tool(apps)
     )
-    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    probe = interpret(text)
     assert probe.reasons
     if probe.verdict is ProbeVerdict.HEALTHY:
         assert probe.gpus
@@ -286,7 +249,7 @@ def test_any_tool_output_gives_a_verdict_and_healthy_needs_gpus(
 
 @given(st.text(max_size=200))
 def test_any_text_that_is_not_a_document_is_unreachable(text: str) -> None:
-    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    probe = interpret(text)
     assert probe.verdict is ProbeVerdict.UNREACHABLE
 
 
@@ -297,7 +260,7 @@ def test_probe_program_kills_a_hanging_tool_and_still_answers() -> None:
     parsed = parse_document(text)
     assert parsed.tools["gpu_health"].timed_out
     assert parsed.tools["gpus"].timed_out
-    probe = interpret_probe("gpu-09", text, probed_at=NOW, catalog=CATALOG, window=WINDOW)
+    probe = interpret(text)
     assert probe.verdict is ProbeVerdict.UNREACHABLE
     assert probe.error is not None
     assert "gpu_health: timed out on the node" in probe.error
