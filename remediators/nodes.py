@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.dialects.base import Role
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.templates import LaunchTemplate
+from daemon.templates import KnobChange, LaunchTemplate
 from remediators.base import (
     Applicability,
     Cost,
@@ -33,10 +33,12 @@ def _new_nodes(diagnosis: Diagnosis, template: LaunchTemplate) -> tuple[str, ...
     return tuple(node for node in dict.fromkeys(diagnosis.bad_nodes) if node not in already)
 
 
-def _excluded_after(template: LaunchTemplate, nodes: tuple[str, ...]) -> tuple[str, ...]:
-    excluded = template.knobs[template.dialect.roles[Role.EXCLUDE]]
+def _exclude(template: LaunchTemplate, nodes: tuple[str, ...]) -> KnobChange:
+    """The change that appends `nodes` to the template's exclude list."""
+    knob = template.dialect.roles[Role.EXCLUDE]
+    excluded = template.knobs[knob]
     before = tuple(str(node) for node in excluded) if isinstance(excluded, tuple) else ()
-    return tuple(dict.fromkeys(before + nodes))
+    return change(template.knobs, knob, tuple(dict.fromkeys(before + nodes)))
 
 
 def _clean(text: str) -> str:
@@ -58,12 +60,11 @@ class ExcludeNode:
     def propose(self, diagnosis: Diagnosis, template: LaunchTemplate) -> RemediationProposal:
         require(self.applies(diagnosis, template))
         nodes = _new_nodes(diagnosis, template)
-        knob = template.dialect.roles[Role.EXCLUDE]
         pids = ", ".join(str(pid) for pid in diagnosis.cotenant_pids) or "unknown"
         return RemediationProposal(
             remediator=self.name,
             lever=self.lever,
-            changes=(change(template.knobs, knob, _excluded_after(template, nodes)),),
+            changes=(_exclude(template, nodes),),
             rationale=(
                 f"Co-tenant: another process (pid {pids}) held GPU memory on "
                 f"{', '.join(nodes)}. The batch is not the problem and is not cut; the "
@@ -88,12 +89,11 @@ class DrainAndExclude:
     def propose(self, diagnosis: Diagnosis, template: LaunchTemplate) -> RemediationProposal:
         require(self.applies(diagnosis, template))
         nodes = _new_nodes(diagnosis, template)
-        knob = template.dialect.roles[Role.EXCLUDE]
         evidence = _clean("; ".join(diagnosis.reasons) or "GPU hardware fault")
         return RemediationProposal(
             remediator=self.name,
             lever=self.lever,
-            changes=(change(template.knobs, knob, _excluded_after(template, nodes)),),
+            changes=(_exclude(template, nodes),),
             rationale=(
                 f"Hardware: {evidence}. The node is drained so no other job lands on it, and the "
                 "relaunch excludes it."
