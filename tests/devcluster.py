@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,12 +27,15 @@ from typing import Any, TypeVar
 
 import pytest
 
+from daemon import process
+
 REPO = Path(__file__).resolve().parent.parent
 DEVCLUSTER = REPO / "deploy" / "devcluster"
 STATE = Path(os.environ.get("DEVCLUSTER_STATE", "/var/lib/slurm-medic-devcluster"))
 # Outside the state dir: `down` deletes that, and a session's claim must outlive a cycle.
 SESSIONS = Path("/run") / ("slurm-medic-devcluster-sessions" + str(STATE).replace("/", "-"))
 UP_TIMEOUT_S = 240
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -231,3 +238,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
     if last:
         items[:] = [item for item in items if item not in last] + last
+
+
+@contextmanager
+def user_dir(prefix: str, user: str) -> Iterator[Path]:
+    """A fresh /tmp/<prefix>-<random> owned by `user`, so a job run as them can write its logs
+    and checkpoints there (pytest's tmp_path is root-only); removed afterwards."""
+    path = Path(f"/tmp/{prefix}-{uuid.uuid4().hex[:8]}")
+    path.mkdir()
+    shutil.chown(path, user, user)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for_end(job_id: str, timeout_s: float) -> str:
+    """Poll `scontrol show job` until the job is in a terminal state; that state."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
+        match = re.search(r"\bJobState=(\S+)", shown.stdout)
+        if match and match.group(1) in TERMINAL_STATES:
+            return match.group(1)
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")

@@ -3,31 +3,27 @@
 from __future__ import annotations
 
 import re
-import shutil
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from daemon import process
+from tests.devcluster import user_dir, wait_for_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
 
 USER = "alice"
 EMULATED_TRAIN = Path(__file__).resolve().parent.parent / "deploy" / "devcluster" / "emulated-train"
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+# The budget for a job to end allows for other sessions' jobs holding the nodes.
+END_WITHIN_S = 240
 
 
 @pytest.fixture
 def work_dir() -> Iterator[Path]:
     """A directory alice can write her log and checkpoints into (tmp_path is root-only)."""
-    path = Path(f"/tmp/medic-emulated-train-{uuid.uuid4().hex[:8]}")
-    path.mkdir()
-    shutil.chown(path, USER, USER)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with user_dir("medic-emulated-train", USER) as path:
+        yield path
 
 
 def submit(work_dir: Path, name: str, env_line: str, train_args: list[str]) -> str:
@@ -57,18 +53,6 @@ def submit(work_dir: Path, name: str, env_line: str, train_args: list[str]) -> s
     return result.stdout.strip().split(";")[0]
 
 
-def wait_for_end(job_id: str, timeout_s: float = 240) -> str:
-    """Poll until the job ends; the budget allows for other sessions' jobs holding nodes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
-        match = re.search(r"\bJobState=(\S+)", shown.stdout)
-        if match and match.group(1) in TERMINAL:
-            return match.group(1)
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")
-
-
 def test_fragmentation_wedges_then_fails_and_expandable_segments_resumes_to_the_end(
     work_dir: Path,
 ) -> None:
@@ -92,7 +76,7 @@ def test_fragmentation_wedges_then_fails_and_expandable_segments_resumes_to_the_
         "none",
     ]
     failed_id = submit(work_dir, "frag", "export PYTORCH_CUDA_ALLOC_CONF=", train_args)
-    assert wait_for_end(failed_id) == "FAILED"
+    assert wait_for_end(failed_id, END_WITHIN_S) == "FAILED"
     log = (work_dir / f"frag-{failed_id}.out").read_text()
     assert (
         log.splitlines()[0]
@@ -115,7 +99,7 @@ def test_fragmentation_wedges_then_fails_and_expandable_segments_resumes_to_the_
         "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
         [*train_args, "--resume_from_checkpoint", str(out / "checkpoint-2")],
     )
-    assert wait_for_end(fixed_id) == "COMPLETED"
+    assert wait_for_end(fixed_id, END_WITHIN_S) == "COMPLETED"
     log = (work_dir / f"frag-fixed-{fixed_id}.out").read_text()
     assert "  Continuing training from global step 2" in log
     assert "OutOfMemoryError" not in log

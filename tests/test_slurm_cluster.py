@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,6 +17,7 @@ from daemon.process import CommandResult
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import JobNotFound, OperationRefused, SlurmUnavailable
 from daemon.slurm.records import JobState, PathSource, SlurmJob
+from tests.devcluster import user_dir
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
 
@@ -53,11 +53,8 @@ class CountingSeam:
 @pytest.fixture
 def work_dir() -> Iterator[str]:
     """A directory alice can write her job logs into (pytest's tmp_path is root-only)."""
-    path = Path(f"/tmp/medic-slurm-test-{uuid.uuid4().hex[:8]}")
-    path.mkdir()
-    shutil.chown(path, USER, USER)
-    yield str(path)
-    shutil.rmtree(path, ignore_errors=True)
+    with user_dir("medic-slurm-test", USER) as path:
+        yield str(path)
 
 
 @pytest.fixture

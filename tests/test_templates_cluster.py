@@ -5,9 +5,6 @@ a planned fix, rendered into a new revision, makes a failing emulated run pass."
 from __future__ import annotations
 
 import dataclasses
-import re
-import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ from daemon.templates import (
     resume_patch,
     validate_knobs,
 )
+from tests.devcluster import user_dir, wait_for_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
 
@@ -39,16 +37,13 @@ OUTPUT_VARIABLE = {
     "deepspeed": "save_dir",
     "torchrun": "checkpoint_dir",
 }
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+END_WITHIN_S = 120
 
 
 @pytest.fixture
 def work_dir() -> Iterator[Path]:
-    path = Path(f"/tmp/medic-templates-{uuid.uuid4().hex[:8]}")
-    path.mkdir()
-    shutil.chown(path, USER, USER)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with user_dir("medic-templates", USER) as path:
+        yield path
 
 
 def localised(example: str, work_dir: Path) -> LaunchTemplate:
@@ -80,17 +75,6 @@ def sbatch(work_dir: Path, script: str, *extra: str) -> process.CommandResult:
     return process.run(argv, timeout=30)
 
 
-def wait_for_end(job_id: str, timeout_s: float = 120) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
-        match = re.search(r"\bJobState=(\S+)", shown.stdout)
-        if match and match.group(1) in TERMINAL:
-            return match.group(1)
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")
-
-
 @pytest.mark.parametrize("example", sorted(OUTPUT_VARIABLE))
 def test_example_is_accepted_runs_checkpoints_and_resumes(example: str, work_dir: Path) -> None:
     template = localised(example, work_dir)
@@ -103,7 +87,7 @@ def test_example_is_accepted_runs_checkpoints_and_resumes(example: str, work_dir
     assert submitted.ok, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     log = work_dir / f"{template.sbatch[0][1]}-{job_id}.out"
-    state = wait_for_end(job_id)
+    state = wait_for_end(job_id, END_WITHIN_S)
     assert state == "COMPLETED", log.read_text() if log.exists() else state
 
     assert template.checkpoint is not None
@@ -117,7 +101,7 @@ def test_example_is_accepted_runs_checkpoints_and_resumes(example: str, work_dir
     assert submitted.ok, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     log = work_dir / f"{template.sbatch[0][1]}-{job_id}.out"
-    assert wait_for_end(job_id) == "COMPLETED", log.read_text()
+    assert wait_for_end(job_id, END_WITHIN_S) == "COMPLETED", log.read_text()
     assert "OutOfMemoryError" not in log.read_text()
 
 
@@ -125,7 +109,7 @@ def run_to_end(template: LaunchTemplate, work_dir: Path, script: str) -> tuple[s
     submitted = sbatch(work_dir, script, "--parsable")
     assert submitted.ok, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
-    state = wait_for_end(job_id)
+    state = wait_for_end(job_id, END_WITHIN_S)
     log = work_dir / f"{template.sbatch[0][1]}-{job_id}.out"
     return state, log.read_text() if log.exists() else ""
 
