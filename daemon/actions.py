@@ -46,6 +46,7 @@ from daemon.templates import (
     LaunchTemplate,
     TemplateError,
     apply_patch,
+    diff_revisions,
     knobs_to_json,
     render,
     resume_patch,
@@ -237,7 +238,7 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
         subject_id=proposal.id,
         details={
             "revision": revision_row.id,
-            "diff": relaunch.revision.diff,
+            "diff": diff_revisions(parent, relaunch.revision),
             "checkpoint": relaunch.checkpoint_note,
             "resumed_step": relaunch.checkpoint.step if relaunch.checkpoint else None,
             "exclude": list(exclude),

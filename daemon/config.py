@@ -148,11 +148,6 @@ class Settings(BaseSettings):
     slurm_timeout_s: float = Field(default=30.0, gt=0, le=600)
     log_max_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
 
-    @property
-    def pause_file(self) -> Path:
-        """`slurm-medic pause` touches this; the daemon proposes but never acts while it exists."""
-        return self.state_dir / "paused"
-
     @classmethod
     def settings_customise_sources(
         cls,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pwd
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -86,7 +87,14 @@ class OwnerJobFiles:
         self._drop = drop_privileges
 
     def _files(self, job: SlurmJob) -> OwnerFiles:
-        return OwnerFiles(Owner.for_job(user=job.user, uid=job.uid), drop_privileges=self._drop)
+        """22.05's sacct JSON may carry no uid: the user name then names the owner."""
+        uid = job.uid
+        if uid is None:
+            try:
+                uid = pwd.getpwnam(job.user).pw_uid
+            except KeyError:
+                uid = None
+        return OwnerFiles(Owner.for_job(user=job.user, uid=uid), drop_privileges=self._drop)
 
     def scan_log(self, job: SlurmJob, path: str) -> LogFindings:
         return self._files(job).scan_log(path)

@@ -307,11 +307,17 @@ class Daemon:
         jobs = self.backend.finished_jobs(since, now, states=watcher.states)
         report.polled = len(jobs)
         handled = records.handled_job_ids(session, slurm_job_ids=[job.job_id for job in jobs])
+        lineage_jobs = records.lineage_job_ids(session, active_only=False)
+        managed = self.settings.managed
         deps = PipelineDeps(self.settings, self.prober, self.files, self.clock)
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         hold_cursor: datetime | None = None
         for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id)):
             if job.job_id in handled or self.stopping.is_set():
+                continue
+            if job.job_id not in lineage_jobs and not managed.matches(
+                account=job.account, partition=job.partition, user=job.user
+            ):
                 continue
             complete = self._complete_record(job)
             if complete is None:
@@ -403,7 +409,7 @@ class Daemon:
             self.backend,
             files=self.files,
             clock=self.clock,
-            paused=self.settings.pause_file.exists,
+            paused=lambda: repo.is_paused(session),
         )
         report.acted = act_on_approved(session, deps)
         for result in report.acted:

@@ -1,0 +1,194 @@
+"""The daemon closing the loop on the real local cluster, with a SQLite record.
+
+A torchrun template set to the emulated `fragmentation` scenario is submitted with
+`slurm-medic submit`; it dies; the daemon's cycles diagnose fragmentation, auto-approve
+`expandable_segments:True`, relaunch from the last good checkpoint as the owner with the
+token in the comment, and verify the relaunch. A true OOM at step 0 (HF dialect) waits in
+`proposed` for a person.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from daemon.cli import main
+from daemon.config import Settings, load_settings
+from daemon.evidence.prober import NodeProber, ProbeSettings
+from daemon.pipeline import OwnerJobFiles
+from daemon.service import Daemon
+from daemon.slurm.backend import SlurmCli
+from daemon.store.engine import make_engine, make_session_factory
+from daemon.store.models import Action, AuditEvent, Incident, Proposal
+from daemon.store.schema import upgrade
+from tests.devcluster import DevCluster
+
+pytestmark = [pytest.mark.cluster]
+
+USER = "alice"
+ROOT = Path(__file__).resolve().parent.parent
+EMULATED_TRAIN = ROOT / "deploy" / "devcluster" / "emulated-train"
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    path = Path(f"/tmp/medic-service-{uuid.uuid4().hex[:8]}")
+    path.mkdir()
+    shutil.chown(path, USER, USER)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_template(work_dir: Path, example: str, scenario: str, replace: dict[str, str]) -> Path:
+    """The example with this machine's paths, the scenario and short pacing."""
+    target = work_dir / "template"
+    shutil.copytree(ROOT / "launch_templates" / example, target)
+    toml = (target / "template.toml").read_text()
+    checkpoints = str(work_dir / "ckpt")
+    for old, new in replace.items():
+        toml = toml.replace(old, new)
+    toml = toml.replace('"deploy/devcluster/emulated-train"', f'"{EMULATED_TRAIN}"')
+    toml = toml.replace(f'"/tmp/slurm-medic-examples/{example}"', f'"{checkpoints}"')
+    toml = toml.replace('output = "%x-%j.out"', f'output = "{work_dir}/%x-%j.out"')
+    toml = toml.replace(
+        "[env]\n",
+        "[env]\n"
+        f'EMULATION_SCENARIO = "{scenario}"\n'
+        'EMULATION_STEP_SECONDS = "0.05"\n'
+        'EMULATION_NCCL_TIMEOUT_SECONDS = "3"\n',
+    )
+    (target / "template.toml").write_text(toml)
+    return target
+
+
+def configure(work_dir: Path, cluster: DevCluster) -> Path:
+    config = work_dir / "config.toml"
+    config.write_text(
+        f'state_dir = "{work_dir}"\n'
+        "[store]\n"
+        f'url = "sqlite+pysqlite:///{work_dir}/medic.db"\n'
+        "[watcher]\n"
+        "poll_interval_s = 1\n"
+        "overlap_s = 30\n"
+        "initial_lookback_s = 30\n"
+        "[verify]\n"
+        "margin_steps = 2\n"
+        "[probe]\n"
+        f'key_path = "{cluster.medic_key}"\n'
+        f'known_hosts_path = "{cluster.known_hosts}"\n'
+        f'user = "{cluster.service_user}"\n'
+        "cache_ttl_s = 0\n"
+    )
+    return config
+
+
+def daemon_for(settings: Settings) -> Daemon:
+    engine = make_engine(settings.store)
+    upgrade(engine)
+    probe = settings.probe
+    assert isinstance(probe, ProbeSettings)
+    return Daemon(
+        settings,
+        backend=SlurmCli(),
+        files=OwnerJobFiles(),
+        prober=NodeProber(probe),
+        engine=engine,
+    )
+
+
+def submit(template: Path, config: Path, work_dir: Path) -> int:
+    result = CliRunner().invoke(
+        main,
+        [
+            "submit",
+            str(template),
+            "--as-user",
+            USER,
+            "--work-dir",
+            str(work_dir),
+            "--config",
+            str(config),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return int(result.output.split("submitted job ")[1].split()[0])
+
+
+def cycle_until(daemon: Daemon, done: object, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        report = daemon.cycle()
+        assert not report.errors, report.errors
+        if callable(done) and done():
+            return
+        time.sleep(1)
+    raise AssertionError(f"the loop did not close within {timeout_s} s")
+
+
+def proposals(daemon: Daemon) -> list[Proposal]:
+    with make_session_factory(daemon.engine)() as session:
+        return list(session.scalars(select(Proposal).order_by(Proposal.id)))
+
+
+def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_dir: Path) -> None:
+    config = configure(work_dir, devcluster)
+    template = make_template(work_dir, "torchrun", "fragmentation", {})
+    daemon = daemon_for(load_settings(config))
+    first_job = submit(template, config, work_dir)
+    daemon.start()
+
+    cycle_until(
+        daemon,
+        lambda: any(p.state == "verified" for p in proposals(daemon)),
+        timeout_s=150,
+    )
+    with make_session_factory(daemon.engine)() as session:
+        incident = session.scalars(select(Incident).where(Incident.slurm_job_id == first_job)).one()
+        assert incident.kind == "fragmentation"
+        proposal = session.scalars(select(Proposal)).one()
+        assert proposal.remediator == "allocator_expandable_segments"
+        assert proposal.decided_by is None or proposal.decided_by == "slurm-medic"
+        action = session.scalars(select(Action).where(Action.kind == "sbatch")).one()
+        assert action.result == "succeeded"
+        assert action.slurm_job_id is not None
+        relaunch = SlurmCli().job(action.slurm_job_id)
+    assert relaunch.user == USER
+    assert relaunch.comment is not None
+    assert action.token in relaunch.comment
+    log = Path(work_dir / f"torchrun-example-{action.slurm_job_id}.out").read_text()
+    assert "resumed from checkpoint" in log
+    assert "OutOfMemoryError" not in log
+    daemon.leader.release()
+
+
+def test_true_oom_waits_for_a_person(devcluster: DevCluster, work_dir: Path) -> None:
+    config = configure(work_dir, devcluster)
+    template = make_template(
+        work_dir,
+        "torchrun",
+        "true-oom-step0",
+        {"micro_batch = 4": "micro_batch = 6"},
+    )
+    daemon = daemon_for(load_settings(config))
+    submit(template, config, work_dir)
+    daemon.start()
+    cycle_until(daemon, lambda: bool(proposals(daemon)), timeout_s=90)
+    daemon.cycle()
+    waiting = proposals(daemon)
+    assert [p.state for p in waiting] == ["proposed"]
+    assert waiting[0].remediator == "micro_batch_down"
+    assert waiting[0].decided_by is None
+    with make_session_factory(daemon.engine)() as session:
+        assert session.scalars(select(Action)).all() == []
+        why = session.scalars(
+            select(AuditEvent).where(AuditEvent.verb == "awaiting_approval")
+        ).one()
+    assert "micro_batch_down is not in policy.auto_approve" in why.details["reasons"]
+    daemon.leader.release()
