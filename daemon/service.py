@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from daemon.actions import ActDeps, act_on_approved
 from daemon.config import Settings
 from daemon.evidence.prober import NodeProber
+from daemon.hook import HookError, HookListener
 from daemon.pipeline import (
     DAEMON,
     JobFiles,
@@ -464,13 +465,35 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        listener = self._hook_listener(scheduler)
         sd_notify("READY=1")
         try:
             scheduler.start()
         finally:
+            if listener is not None:
+                listener.stop()
             with self._cycle_lock:  # wait for the step in flight
                 self.leader.release()
             sd_notify("STOPPING=1")
+
+    def _hook_listener(self, scheduler: Any) -> HookListener | None:
+        """The epilog hook wakes the cycle now; without the socket the poll still finds all."""
+        path = self.settings.hook_socket
+        if not path.parent.is_dir():
+            log.warning("no hook socket: %s does not exist; polling only", path.parent)
+            return None
+
+        def wake(job_id: int) -> None:
+            log.info("hook: job ended", extra={"fields": {"job": job_id}})
+            scheduler.modify_job("cycle", next_run_time=datetime.now(UTC))
+
+        listener = HookListener(path, on_job=wake)
+        try:
+            listener.start()
+        except HookError as error:
+            log.warning("no hook socket: %s; polling only", error)
+            return None
+        return listener
 
     def _scheduled_cycle(self) -> None:
         started = time.monotonic()
