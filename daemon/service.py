@@ -44,7 +44,7 @@ from daemon.pipeline import (
 )
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError
-from daemon.slurm.records import SlurmJob
+from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_engine, make_session_factory
@@ -56,6 +56,13 @@ from daemon.verify import FollowDeps, follow_relaunches
 log = logging.getLogger("slurm_medic")
 
 CURSOR = "finished_jobs"
+# Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
+# error): a reconciliation must find its job whatever became of it.
+ACCOUNTED_STATES = tuple(
+    state
+    for state in JobState
+    if state not in (JobState.COMPLETING, JobState.SPECIAL_EXIT, JobState.UNKNOWN)
+)
 ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
 
 
@@ -156,6 +163,11 @@ class LeaderLock:
 
     def release(self) -> None:
         if self._connection is not None:
+            # A pooled connection outlives close(): unlock first, or the lock stays held.
+            self._connection.execute(
+                text("SELECT pg_advisory_unlock(:key)"), {"key": ADVISORY_LOCK_KEY}
+            )
+            self._connection.commit()
             self._connection.close()
             self._connection = None
         if self._fd is not None:
@@ -214,11 +226,16 @@ class Daemon:
         self._started = True
 
     def reconcile(self, session: Session) -> list[tuple[int, int | None]]:
-        """Close every pending intent: found in Slurm by its token, or not submitted."""
+        """Close every pending intent: found in Slurm by its token, or (once older than the
+        settle time) not submitted; its proposal stays `submitting` meanwhile, so nothing
+        else acts on it."""
         closed: list[tuple[int, int | None]] = []
+        settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
         for intent in repo.pending_intents(session):
             since = intent.recorded_at - timedelta(minutes=5)
             found = self._job_with_token(intent.token, since)
+            if found is None and self.clock() - intent.recorded_at < settle:
+                continue  # too young to tell "never submitted" from "not in accounting yet"
             repo.reconcile_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
             if found is not None:
                 self._record_found_submission(session, intent, found)
@@ -230,10 +247,7 @@ class Daemon:
         return closed
 
     def _job_with_token(self, token: str, since: datetime) -> int | None:
-        from daemon.slurm.records import JobState  # noqa: PLC0415
-
-        every_state = [state for state in JobState if state is not JobState.UNKNOWN]
-        jobs = self.backend.finished_jobs(since, self.clock(), states=every_state)
+        jobs = self.backend.finished_jobs(since, self.clock(), states=ACCOUNTED_STATES)
         for job in jobs:
             if job.comment and token in job.comment:
                 return job.job_id

@@ -78,6 +78,7 @@ def configure(work_dir: Path, cluster: DevCluster) -> Path:
         "poll_interval_s = 1\n"
         "overlap_s = 30\n"
         "initial_lookback_s = 30\n"
+        "reconcile_settle_s = 15\n"
         "[verify]\n"
         "margin_steps = 2\n"
         "[probe]\n"

@@ -1,0 +1,91 @@
+"""The service's plumbing against the real things: systemd's datagram, the leader lock on both
+databases, the structured log line, and `slurm-medic run` stopping on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from daemon.config import Settings
+from daemon.service import JsonFormatter, LeaderLock, sd_notify
+from daemon.store.engine import make_engine
+from daemon.store.settings import StoreSettings, sqlite_url
+from tests.postgres import PostgresServer
+
+
+def receive_on(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(2)
+    return sock
+
+
+def test_sd_notify_sends_one_datagram(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    with receive_on(path) as sock:
+        assert sd_notify("READY=1", {"NOTIFY_SOCKET": path})
+        assert sock.recv(64) == b"READY=1"
+
+
+def test_sd_notify_reaches_an_abstract_socket() -> None:
+    name = f"medic-test-{uuid.uuid4().hex}"
+    with receive_on("\0" + name) as sock:
+        assert sd_notify("WATCHDOG=1", {"NOTIFY_SOCKET": "@" + name})
+        assert sock.recv(64) == b"WATCHDOG=1"
+
+
+def test_sd_notify_without_systemd_is_a_no() -> None:
+    assert not sd_notify("READY=1", {})
+
+
+def two_locks(engine: Engine) -> tuple[LeaderLock, LeaderLock]:
+    settings = Settings()
+    return LeaderLock(engine, settings), LeaderLock(make_engine_like(engine), settings)
+
+
+def make_engine_like(engine: Engine) -> Engine:
+    return make_engine(StoreSettings(url=engine.url.render_as_string(hide_password=False)))
+
+
+def check_only_one_leader(first: LeaderLock, second: LeaderLock) -> None:
+    assert first.try_acquire()
+    assert not second.try_acquire()
+    assert first.try_acquire()  # holding it already
+    first.release()
+    assert second.try_acquire()
+    assert not first.try_acquire()
+    second.release()
+
+
+def test_one_leader_on_a_sqlite_record(tmp_path: Path) -> None:
+    engine = make_engine(StoreSettings(url=sqlite_url(tmp_path / "medic.db")))
+    first, second = two_locks(engine)
+    check_only_one_leader(first, second)
+    assert (tmp_path / "medic.db.leader").exists()
+
+
+@pytest.mark.postgres
+def test_one_leader_on_a_postgres_record(postgres_server: PostgresServer) -> None:
+    url = postgres_server.create_database(f"medic_{uuid.uuid4().hex[:12]}")
+    engine = make_engine(StoreSettings(url=url))
+    first, second = two_locks(engine)
+    try:
+        check_only_one_leader(first, second)
+    finally:
+        engine.dispose()
+
+
+def test_log_lines_are_json_with_their_fields() -> None:
+    record = logging.LogRecord("slurm_medic", logging.INFO, __file__, 1, "handled job", (), None)
+    record.fields = {"job": 42, "outcome": "proposed"}
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "handled job"
+    assert line["job"] == 42
+    assert line["outcome"] == "proposed"
+    assert line["level"] == "info"

@@ -1,0 +1,125 @@
+"""Exactly once on the real cluster: the daemon dies right before or right after sbatch, a new
+one starts on the same record, and the run is relaunched once and verified.
+
+The death is made at the Slurm seam: a backend whose `submit` raises `SystemExit` (which no
+step catches) before or after the real sbatch, as a SIGKILL at that moment would leave it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from daemon.config import load_settings
+from daemon.evidence.prober import NodeProber, ProbeSettings
+from daemon.pipeline import OwnerJobFiles
+from daemon.service import ACCOUNTED_STATES, Daemon
+from daemon.slurm.backend import SlurmCli
+from daemon.store.engine import make_session_factory
+from daemon.store.models import Action, Proposal
+from tests.devcluster import DevCluster
+from tests.test_service_cluster import (
+    configure,
+    cycle_until,
+    daemon_for,
+    make_template,
+    proposals,
+    submit,
+)
+from tests.test_service_cluster import work_dir as work_dir_fixture
+
+pytestmark = [pytest.mark.cluster]
+
+work_dir = work_dir_fixture
+
+
+class DiesAtSubmit(SlurmCli):
+    """The real backend, except that the process 'dies' around sbatch."""
+
+    def __init__(self, *, after_sbatch: bool) -> None:
+        super().__init__()
+        self.after_sbatch = after_sbatch
+
+    def submit(
+        self,
+        script: str,
+        *,
+        as_user: str,
+        comment: str | None = None,
+        exclude_nodes: Iterable[str] = (),
+        extra_args: Sequence[str] = (),
+        work_dir: str | None = None,
+    ) -> int:
+        if self.after_sbatch:
+            super().submit(
+                script,
+                as_user=as_user,
+                comment=comment,
+                exclude_nodes=exclude_nodes,
+                extra_args=extra_args,
+                work_dir=work_dir,
+            )
+        raise SystemExit("killed")
+
+
+def jobs_with(token: str) -> list[int]:
+    now = datetime.now(UTC)
+    found = SlurmCli().finished_jobs(now - timedelta(minutes=10), now, states=ACCOUNTED_STATES)
+    return [job.job_id for job in found if job.comment and token in job.comment]
+
+
+@pytest.mark.parametrize("after_sbatch", [True, False], ids=["after-sbatch", "after-intent"])
+def test_killed_around_sbatch_relaunches_exactly_once(
+    devcluster: DevCluster, work_dir: Path, after_sbatch: bool
+) -> None:
+    config = configure(work_dir, devcluster)
+    template = make_template(work_dir, "torchrun", "fragmentation", {})
+    settings = load_settings(config)
+    first = daemon_for(settings)
+    probe = settings.probe
+    assert isinstance(probe, ProbeSettings)
+    dying = Daemon(
+        settings,
+        backend=DiesAtSubmit(after_sbatch=after_sbatch),
+        files=OwnerJobFiles(),
+        prober=NodeProber(probe),
+        engine=first.engine,
+    )
+    submit(template, config, work_dir)
+    dying.start()
+    with pytest.raises(SystemExit):
+        cycle_until(dying, lambda: False, timeout_s=90)
+    dying.leader.release()  # the kernel drops a dead process's flock
+
+    with make_session_factory(first.engine)() as session:
+        pending = session.scalars(select(Action).where(Action.result == "pending")).one()
+        token = pending.token
+    time.sleep(5)  # accounting shows a new job a few seconds late
+    assert len(jobs_with(token)) == (1 if after_sbatch else 0)
+
+    restarted = daemon_for(settings)
+    restarted.start()
+    cycle_until(
+        restarted,
+        lambda: any(p.state == "verified" for p in proposals(restarted)),
+        timeout_s=120,
+    )
+    with make_session_factory(first.engine)() as session:
+        actions = list(session.scalars(select(Action).where(Action.kind == "sbatch")))
+        proposal = session.scalars(select(Proposal)).one()
+    submitted = [action for action in actions if action.slurm_job_id is not None]
+    assert len(submitted) == 1
+    assert proposal.relaunch_job_id == submitted[0].slurm_job_id
+    if after_sbatch:
+        assert [action.result for action in actions] == ["succeeded"]
+        assert jobs_with(token) == [submitted[0].slurm_job_id]
+    else:
+        assert [action.result for action in actions] == ["not_found", "succeeded"]
+        assert jobs_with(token) == []
+        assert len(jobs_with(submitted[0].token)) == 1
+    restarted.leader.release()
