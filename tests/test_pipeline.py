@@ -1,0 +1,238 @@
+"""The pipeline on a real record (SQLite and PostgreSQL), its file reads faked at the seam:
+a failed lineage job becomes an incident, a proposal and a policy decision; a relaunch that
+fails the same way climbs the ladder; one that fails differently stops for a person."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from daemon.checkpoints import CheckpointScan, CheckpointSpec
+from daemon.config import Settings
+from daemon.diagnosis import Confidence, Diagnosis, FailureKind
+from daemon.evidence.records import LogFindings, OomFamily, OomReport, Phase
+from daemon.pipeline import PipelineDeps, handle_ended_job, patch_from_json, patch_to_json
+from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
+from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import repository as repo
+from daemon.store import service_records as records
+from daemon.store.models import AuditEvent, Lineage
+from daemon.store.models import Proposal as ProposalRow
+from daemon.store.states import ProposalState
+from daemon.templates import initial_revision, knobs_to_json, load_template
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE_DIR = ROOT / "launch_templates" / "torchrun"
+GIB = 1024**3
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+ACTOR = repo.Actor.user("alice", 1001)
+
+
+def oom(requested: float, free: float, allocated: float, unallocated: float) -> OomReport:
+    return OomReport(
+        family=OomFamily.TORCH_ALLOCATOR,
+        message="torch.OutOfMemoryError: CUDA out of memory.",
+        requested_bytes=int(requested * GIB),
+        total_bytes=int(79.19 * GIB),
+        free_bytes=int(free * GIB),
+        allocated_bytes=int(allocated * GIB),
+        reserved_bytes=int((allocated + unallocated) * GIB),
+        reserved_unallocated_bytes=int(unallocated * GIB),
+    )
+
+
+FRAGMENTED = LogFindings(
+    rank=3,
+    node="gpu-04",
+    step=4,
+    max_step_seen=4,
+    phase=Phase.FORWARD,
+    oom=oom(1.54, 0.54, 64.73, 13.42),
+    traceback_seen=True,
+)
+HOST_KILLED = LogFindings(
+    rank=3,
+    node="gpu-04",
+    step=2,
+    max_step_seen=2,
+    root_failure_line="srun: error: gpu-04: task 3: Killed",
+    exit_code=137,
+    killed_by_signal=9,
+)
+
+
+class FakeFiles:
+    """The seam that reads a job's files as its owner, answering from a table."""
+
+    def __init__(self, logs: dict[int, LogFindings]) -> None:
+        self.logs = logs
+
+    def scan_log(self, job: SlurmJob, path: str) -> LogFindings:
+        return self.logs[job.job_id]
+
+    def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
+        return CheckpointScan(spec.root, None, (), "none in this test")
+
+
+def failed_job(job_id: int, *, end: datetime = T0, state: JobState = JobState.FAILED) -> SlurmJob:
+    return SlurmJob(
+        job_id=job_id,
+        name="torchrun-example",
+        user="alice",
+        uid=1001,
+        group="alice",
+        account="training",
+        partition="gpu",
+        state=state,
+        state_raw=state.value,
+        exit_code=1,
+        exit_signal=None,
+        derived_exit_code=None,
+        derived_exit_signal=None,
+        nodes=("gpu-01", "gpu-02", "gpu-03", "gpu-04"),
+        batch_host="gpu-01",
+        submit_time=end - timedelta(minutes=5),
+        start_time=end - timedelta(minutes=4),
+        end_time=end,
+        stdout_path=f"/home/alice/torchrun-example-{job_id}.out",
+        stderr_path=None,
+        work_dir="/home/alice",
+        comment=None,
+    )
+
+
+def start_lineage(session: Session, job_id: int) -> int:
+    template = load_template(TEMPLATE_DIR)
+    first = initial_revision(template)
+    lineage = repo.create_lineage(
+        session, name=template.name, owner="alice", template=str(TEMPLATE_DIR)
+    )
+    revision = repo.record_template_revision(
+        session,
+        lineage_id=lineage.id,
+        knobs=knobs_to_json(first.knobs),
+        rendered_script=first.script,
+    )
+    records.record_lineage_submission(
+        session,
+        slurm_job_id=job_id,
+        lineage_id=lineage.id,
+        attempt=1,
+        revision_id=revision.id,
+        proposal_id=None,
+        token=repo.new_token(),
+        actor=ACTOR,
+    )
+    return lineage.id
+
+
+def deps(logs: dict[int, LogFindings]) -> PipelineDeps:
+    return PipelineDeps(settings=Settings(), prober=None, files=FakeFiles(logs))
+
+
+def pretend_relaunched(session: Session, proposal_id: int, job_id: int, lineage_id: int) -> None:
+    """What `actions.act` leaves behind, without Slurm: revision, closed intent, submission."""
+    proposal = session.get(ProposalRow, proposal_id)
+    assert proposal is not None
+    revision = repo.record_template_revision(
+        session,
+        lineage_id=lineage_id,
+        knobs=proposal.patch["knobs_after"],
+        rendered_script="#!/bin/bash\n",
+        proposal_id=proposal_id,
+    )
+    proposal.patch = {**proposal.patch, "revision": revision.id, "resumed_step": None}
+    intent = repo.record_submit_intent(
+        session,
+        proposal_id=proposal_id,
+        build_argv=lambda token: ["sbatch", f"--comment={token}"],
+        actor=ACTOR,
+    )
+    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
+    records.record_lineage_submission(
+        session,
+        slurm_job_id=job_id,
+        lineage_id=lineage_id,
+        attempt=2,
+        revision_id=revision.id,
+        proposal_id=proposal_id,
+        token=intent.token,
+        actor=ACTOR,
+    )
+
+
+def test_fragmentation_is_proposed_and_auto_approved(db_session: Session) -> None:
+    lineage_id = start_lineage(db_session, 5001)
+    result = handle_ended_job(db_session, failed_job(5001), deps({5001: FRAGMENTED}))
+    assert result.outcome == "proposed"
+    assert result.approved
+    proposal = db_session.get(ProposalRow, result.proposal_id)
+    assert proposal is not None
+    assert proposal.remediator == "allocator_expandable_segments"
+    assert proposal.state == ProposalState.APPROVED.value
+    assert proposal.lineage_id == lineage_id
+    assert proposal.patch["failing_step"] == 4
+    assert records.handled_job_ids(db_session, slurm_job_ids=[5001, 5002]) == {5001}
+
+
+def test_a_job_of_no_lineage_is_not_touched(db_session: Session) -> None:
+    result = handle_ended_job(db_session, failed_job(5101), deps({5101: FRAGMENTED}))
+    assert result.outcome == "unmanaged"
+    assert db_session.scalars(select(AuditEvent).where(AuditEvent.subject_id == "5101")).all() == []
+
+
+def test_a_managed_account_is_diagnosed_but_never_proposed(db_session: Session) -> None:
+    settings = Settings.model_validate({"managed": {"accounts": ["training"]}})
+    files = FakeFiles({5201: FRAGMENTED})
+    result = handle_ended_job(
+        db_session, failed_job(5201), PipelineDeps(settings=settings, prober=None, files=files)
+    )
+    assert result.outcome == "diagnosed"
+    assert result.proposal_id is None
+
+
+def test_the_same_failure_again_climbs_the_ladder(db_session: Session) -> None:
+    lineage_id = start_lineage(db_session, 5301)
+    first = handle_ended_job(db_session, failed_job(5301), deps({5301: FRAGMENTED}))
+    assert first.proposal_id is not None
+    pretend_relaunched(db_session, first.proposal_id, 5302, lineage_id)
+    again = handle_ended_job(
+        db_session,
+        failed_job(5302, end=T0 + timedelta(minutes=10)),
+        deps({5302: FRAGMENTED}),
+    )
+    tried = db_session.get(ProposalRow, first.proposal_id)
+    assert tried is not None
+    assert tried.state == ProposalState.FAILED.value
+    assert tried.patch["outcome"] == "same_failure"
+    assert again.outcome == "proposed"
+    assert again.detail == "allocator_max_split_size"
+
+
+def test_a_different_failure_stops_and_asks_a_person(db_session: Session) -> None:
+    lineage_id = start_lineage(db_session, 5401)
+    first = handle_ended_job(db_session, failed_job(5401), deps({5401: FRAGMENTED}))
+    assert first.proposal_id is not None
+    pretend_relaunched(db_session, first.proposal_id, 5402, lineage_id)
+    again = handle_ended_job(
+        db_session,
+        failed_job(5402, end=T0 + timedelta(minutes=10), state=JobState.OUT_OF_MEMORY),
+        deps({5402: HOST_KILLED}),
+    )
+    assert again.outcome == "refused"
+    assert "failed differently" in again.detail
+    lineage = db_session.get(Lineage, lineage_id)
+    assert lineage is not None
+    assert lineage.status == "exhausted"
+
+
+def test_a_proposal_round_trips_through_its_row() -> None:
+    template = load_template(TEMPLATE_DIR)
+    diagnosis = Diagnosis(FailureKind.FRAGMENTATION, Confidence.HIGH, ("t",), step=4)
+    outcome = plan(diagnosis, template, LineageHistory(), PlannerPolicy())
+    assert isinstance(outcome, Proposal)
+    data = patch_to_json(outcome, template.knobs, 4)
+    assert patch_from_json(template.dialect, data) == outcome.patch
