@@ -25,6 +25,7 @@ from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.pipeline import OwnerJobFiles
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
+from daemon.slurm.records import JobState
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Action, AuditEvent, Incident, Proposal
 from daemon.store.schema import upgrade
@@ -46,7 +47,13 @@ def work_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def make_template(work_dir: Path, example: str, scenario: str, replace: dict[str, str]) -> Path:
+def make_template(
+    work_dir: Path,
+    example: str,
+    scenario: str,
+    replace: dict[str, str],
+    nccl_timeout_s: int = 3,
+) -> Path:
     """The example with this machine's paths, the scenario and short pacing."""
     target = work_dir / "template"
     shutil.copytree(ROOT / "launch_templates" / example, target)
@@ -62,13 +69,13 @@ def make_template(work_dir: Path, example: str, scenario: str, replace: dict[str
         "[env]\n"
         f'EMULATION_SCENARIO = "{scenario}"\n'
         'EMULATION_STEP_SECONDS = "0.05"\n'
-        'EMULATION_NCCL_TIMEOUT_SECONDS = "3"\n',
+        f'EMULATION_NCCL_TIMEOUT_SECONDS = "{nccl_timeout_s}"\n',
     )
     (target / "template.toml").write_text(toml)
     return target
 
 
-def configure(work_dir: Path, cluster: DevCluster) -> Path:
+def configure(work_dir: Path, cluster: DevCluster, extra: str = "") -> Path:
     config = work_dir / "config.toml"
     config.write_text(
         f'state_dir = "{work_dir}"\n'
@@ -85,7 +92,7 @@ def configure(work_dir: Path, cluster: DevCluster) -> Path:
         f'key_path = "{cluster.medic_key}"\n'
         f'known_hosts_path = "{cluster.known_hosts}"\n'
         f'user = "{cluster.service_user}"\n'
-        "cache_ttl_s = 0\n"
+        "cache_ttl_s = 0\n" + extra
     )
     return config
 
@@ -192,4 +199,33 @@ def test_true_oom_waits_for_a_person(devcluster: DevCluster, work_dir: Path) -> 
             select(AuditEvent).where(AuditEvent.verb == "awaiting_approval")
         ).one()
     assert "micro_batch_down is not in policy.auto_approve" in why.details["reasons"]
+    daemon.leader.release()
+
+
+def test_a_wedged_run_is_cancelled_after_the_grace_and_handled_as_failed(
+    devcluster: DevCluster, work_dir: Path
+) -> None:
+    """One rank's OOM while the others wait 120 s on NCCL: cancelled after 2 s of grace."""
+    config = configure(work_dir, devcluster, extra="[wedge]\ngrace_s = 2\n")
+    template = make_template(work_dir, "torchrun", "fragmentation", {}, nccl_timeout_s=120)
+    daemon = daemon_for(load_settings(config))
+    first_job = submit(template, config, work_dir)
+    daemon.start()
+    started = time.monotonic()
+    cycle_until(daemon, lambda: bool(proposals(daemon)), timeout_s=90)
+    assert time.monotonic() - started < 120  # well before NCCL's watchdog would have ended it
+    with make_session_factory(daemon.engine)() as session:
+        cancelled = session.scalars(
+            select(AuditEvent).where(AuditEvent.verb == "wedged_cancelled")
+        ).one()
+        incident = session.scalars(select(Incident)).one()
+        scancel = session.scalars(select(Action).where(Action.kind == "scancel")).one()
+    assert cancelled.subject_id == str(first_job)
+    assert incident.slurm_job_id == first_job
+    assert incident.kind == "fragmentation"
+    assert scancel.result == "succeeded"
+    assert SlurmCli().job(first_job).state is JobState.CANCELLED
+    cycle_until(
+        daemon, lambda: any(p.state == "verified" for p in proposals(daemon)), timeout_s=120
+    )
     daemon.leader.release()
