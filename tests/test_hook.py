@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon.hook import HookError, HookListener, parse_job_id
 from daemon.process import run
@@ -97,6 +99,14 @@ def test_job_ids_parse_strictly() -> None:
     assert parse_job_id(b"9223372036854775808") is None  # 2**63: no Slurm job id
     assert parse_job_id(b"9223372036854775807") == 2**63 - 1
     assert parse_job_id(b" 123") is None
+
+
+@given(st.binary(max_size=80))
+def test_any_datagram_is_a_plain_job_id_or_nothing(data: bytes) -> None:
+    job_id = parse_job_id(data)
+    if job_id is not None:
+        assert data.rstrip(b"\n") == str(job_id).encode()
+        assert data.count(b"\n") <= 1
 
 
 def test_only_allowed_senders_wake_it(socket_dir: Path) -> None:

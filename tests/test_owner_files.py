@@ -104,6 +104,11 @@ def test_the_owners_own_file_is_read(alice: Owner, alice_dir: Path) -> None:
     assert findings.bytes_scanned == len(log)
 
 
+def test_an_odd_file_name_reaches_the_child_intact(alice: Owner, alice_dir: Path) -> None:
+    path = _as_alice(alice_dir / "run\nname \u00fc\u202e'; rm -rf ~.out", alice, b"tail\n")
+    assert OwnerFiles(alice).read_tail(str(path), 100) == b"tail\n"
+
+
 def test_the_owners_symlink_to_her_own_file_is_followed(alice: Owner, alice_dir: Path) -> None:
     target = _as_alice(alice_dir / "real.log", alice, b"step 1\nstep 2\n")
     link = alice_dir / "latest.log"

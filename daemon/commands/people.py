@@ -33,7 +33,7 @@ from daemon.slurm.errors import SlurmError
 from daemon.slurm.scontrol import resume_argv, validate_node_name
 from daemon.store import repository as repo
 from daemon.store.engine import StoreConfigError, make_engine, make_session_factory
-from daemon.store.models import ActionKind, Incident, NodeEventKind, Proposal
+from daemon.store.models import ActionKind, Incident, NodeEvent, NodeEventKind, Proposal
 from daemon.store.schema import SchemaBehind, check_schema_current
 from daemon.store.settings import StoreSettings
 from daemon.store.states import IllegalTransition, ProposalState
@@ -215,7 +215,7 @@ def _pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
     }
 
 
-def _drain_document(event: Any) -> dict[str, Any]:
+def _drain_document(event: NodeEvent) -> dict[str, Any]:
     return {
         "node": event.node,
         "reason": event.reason,
