@@ -250,7 +250,9 @@ def test_show_tells_the_whole_story_of_a_run(seeded: Seeded) -> None:
     assert "---micro-batch-size 8 \\" in text
     assert "+--micro-batch-size 4 \\" in text
     assert "proposal_approved by alice: fine, the global batch is kept" in text
-    assert "micro_batch_down verified by alice; relaunched as 1002" in text
+    assert (
+        "FAILED: micro_batch_down, approved by alice, relaunched as job 1002, now verified" in text
+    )
     assert "status verified" in text
 
 

@@ -367,7 +367,7 @@ def _history_table(rows: list[dict[str, Any]]) -> Any:
         ("when", "job", "lineage", "user", "kind", "confidence", "node", "step", "proposed"),
         (
             (
-                row["at"],
+                story.short(row["at"]),
                 row["job"],
                 row["lineage"],
                 row["user"],

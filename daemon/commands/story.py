@@ -23,6 +23,7 @@ from daemon.evidence.records import OomReport
 from daemon.store import repository as repo
 from daemon.store.codec import CodecError
 from daemon.store.models import Incident, Job, Lineage, Proposal, TemplateRevision
+from daemon.store.states import ProposalState
 
 Document = dict[str, Any]
 
@@ -38,6 +39,11 @@ _OOM_FIGURES = (
 
 def when(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="seconds")
+
+
+def short(iso: str | None) -> str | None:
+    """A table's time: minutes, UTC (the JSON keeps the whole ISO time)."""
+    return None if iso is None else iso[:16].replace("T", " ")
 
 
 def gib(value: int | None) -> str:
@@ -220,12 +226,14 @@ def _outcome(job: Job, incidents: Sequence[Incident], proposals: Sequence[Propos
     if not proposals:
         return f"{job.state}: diagnosed {incidents[-1].kind}; nothing proposed"
     last = proposals[-1]
-    by = f" by {last.decided_by}" if last.decided_by else ""
+    parts = [f"{job.state}: {last.remediator}"]
+    if last.decided_by:
+        verb = "rejected" if last.state == ProposalState.REJECTED.value else "approved"
+        parts.append(f"{verb} by {last.decided_by}")
     if last.relaunch_job_id is not None:
-        return (
-            f"{job.state}: {last.remediator} {last.state}{by}; relaunched as {last.relaunch_job_id}"
-        )
-    return f"{job.state}: {last.remediator} {last.state}{by}"
+        parts.append(f"relaunched as job {last.relaunch_job_id}")
+    parts.append(f"now {last.state}")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------- rendering
