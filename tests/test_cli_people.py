@@ -162,6 +162,25 @@ def _seed(session: Session) -> tuple[int, int, int]:
         lineage_id=lineage.id,
         attempt=2,
     )
+    repo.record_node_event(
+        session,
+        node="gpu-02",
+        kind=NodeEventKind.DRAIN,
+        by_medic=True,
+        reason="medic: test drain",
+        incident_id=incident.id,
+    )
+    repo.record_node_event(
+        session, node="gpu-02", kind=NodeEventKind.RESUME, by_medic=True, reason="test over"
+    )
+    repo.append_audit(
+        session,
+        actor=DAEMON,
+        verb="job_handled",
+        subject_type="job",
+        subject_id=1001,
+        details={"outcome": "proposed", "token": "medic-secret"},
+    )
     for state in (ProposalState.VERIFYING, ProposalState.VERIFIED):
         repo.transition_proposal(session, proposal_id=proposal.id, to=state, actor=DAEMON)
     repo.set_lineage_status(
@@ -254,6 +273,9 @@ def test_show_tells_the_whole_story_of_a_run(seeded: Seeded) -> None:
         "FAILED: micro_batch_down, approved by alice, relaunched as job 1002, now verified" in text
     )
     assert "status verified" in text
+    assert "node gpu-02 drain by slurm-medic" in text
+    assert "job_handled by slurm-medic: outcome proposed" in text
+    assert "medic-secret" not in text
 
 
 def test_show_a_job_id_tells_its_lineage_story_as_json(seeded: Seeded) -> None:

@@ -98,13 +98,41 @@ def _attempt_document(
     revisions: dict[int, TemplateRevision],
 ) -> Document:
     proposal_docs = [_proposal_document(session, proposal, revisions) for proposal in proposals]
+    story = repo.job_story(session, slurm_job_id=job.slurm_job_id)
     return {
         "attempt": job.attempt,
         "job": job_summary(job),
+        "record": [] if story is None else _job_events(story),
         "incidents": [incident_document(incident) for incident in incidents],
         "proposals": proposal_docs,
+        "node_events": []
+        if story is None
+        else [
+            {
+                "node": event.node,
+                "kind": event.kind,
+                "by_medic": event.by_medic,
+                "reason": event.reason,
+                "at": when(event.occurred_at),
+            }
+            for event in story.node_events
+        ],
         "outcome": _outcome(job, incidents, proposals),
     }
+
+
+def _job_events(story: repo.JobStory) -> list[Document]:
+    """What the daemon noted about the job itself (submitted for a lineage, handled how)."""
+    return [
+        {
+            "at": when(event.at),
+            "who": event.actor_name,
+            "verb": event.verb,
+            "details": {key: value for key, value in event.details.items() if key != "token"},
+        }
+        for event in story.audit
+        if event.subject_type == "job"
+    ]
 
 
 def job_summary(job: Job) -> Document:
@@ -263,10 +291,17 @@ def _attempt_renderable(attempt: Document) -> RenderableType:
             f"  {job['start'] or '?'} .. {job['end'] or '?'}",
         )
     ]
+    for event in attempt["record"]:
+        details = ", ".join(f"{key} {value}" for key, value in event["details"].items())
+        parts.append(Text(f"  {event['at']} {event['verb']} by {event['who']}: {details}"))
     for incident in attempt["incidents"]:
         parts.extend(_incident_lines(incident))
     for proposal in attempt["proposals"]:
         parts.extend(_proposal_lines(proposal))
+    for event in attempt["node_events"]:
+        who = "slurm-medic" if event["by_medic"] else "someone else"
+        line = f"  node {event['node']} {event['kind']} by {who} at {event['at']}"
+        parts.append(Text(f"{line}: {event['reason']}"))
     parts.append(Text(f"  outcome: {attempt['outcome']}", style="bold"))
     return Group(*parts)
 
