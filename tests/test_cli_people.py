@@ -120,6 +120,9 @@ def _seed(session: Session) -> tuple[int, int, int]:
             {"knob": "grad_accum", "before": 4, "after": 8},
         ],
         "reason": "halve the micro-batch",
+        "expected_effect": "activations halve; the peak drops by about 20 GiB",
+        "skipped": [{"rung": 0, "remediator": "allocator_expandable_segments", "reason": "no gap"}],
+        "resumed_step": 0,
     }
     proposal = repo.propose(
         session,
@@ -274,6 +277,9 @@ def test_show_tells_the_whole_story_of_a_run(seeded: Seeded) -> None:
     )
     assert "status verified" in text
     assert "node gpu-02 drain by slurm-medic" in text
+    assert "expected: activations halve; the peak drops by about 20 GiB" in text
+    assert "skipped allocator_expandable_segments: no gap" in text
+    assert "resumed from the checkpoint at step 0" in text
     assert "job_handled by slurm-medic: outcome proposed" in text
     assert "medic-secret" not in text
 

@@ -213,6 +213,11 @@ def _proposal_document(
         "remediator": proposal.remediator,
         "rationale": proposal.rationale,
         "changes": knob_changes(proposal.patch),
+        "expected_effect": proposal.patch.get("expected_effect"),
+        "skipped_rungs": [
+            item for item in proposal.patch.get("skipped", []) if isinstance(item, dict)
+        ],
+        "resumed_step": proposal.patch.get("resumed_step"),
         "changes_science": proposal.changes_science,
         "state": proposal.state,
         "decided_by": proposal.decided_by,
@@ -342,6 +347,12 @@ def _proposal_lines(proposal: Document) -> Iterable[RenderableType]:
     yield Text(f"    why: {proposal['rationale']}")
     for change in proposal["changes"]:
         yield Text(f"    {change['knob']}: {change['before']!r} -> {change['after']!r}")
+    if proposal["expected_effect"]:
+        yield Text(f"    expected: {proposal['expected_effect']}")
+    for skipped in proposal["skipped_rungs"]:
+        yield Text(f"    skipped {skipped.get('remediator')}: {skipped.get('reason')}")
+    if proposal["resumed_step"] is not None:
+        yield Text(f"    resumed from the checkpoint at step {proposal['resumed_step']}")
     for event in proposal["trail"]:
         reason = f": {event['reason']}" if event["reason"] else ""
         yield Text(f"    {event['at']} {event['verb']} by {event['who']}{reason}")
