@@ -409,7 +409,18 @@ def _plan_and_decide(
         drains=tuple(action.node for action in remediation.actions),
     )
     policy_verdict = decide(facts, deps.settings.policy)
-    if policy_verdict.approved:
+    dry_run = deps.settings.policy.dry_run and policy_verdict.approved
+    if dry_run:
+        # Approving now would act the moment dry-run is switched off, on a stale failure.
+        repo.append_audit(
+            session,
+            actor=DAEMON,
+            verb="dry_run_would_approve",
+            subject_type="proposal",
+            subject_id=row.id,
+            details={"reasons": list(policy_verdict.reasons)},
+        )
+    elif policy_verdict.approved:
         repo.transition_proposal(
             session,
             proposal_id=row.id,
@@ -431,7 +442,7 @@ def _plan_and_decide(
         "proposed",
         incident.id,
         row.id,
-        approved=policy_verdict.approved,
+        approved=policy_verdict.approved and not dry_run,
         detail=remediation.remediator,
     )
 
