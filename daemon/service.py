@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from daemon import process
 from daemon.actions import ActDeps, act_on_approved
 from daemon.config import Settings
 from daemon.evidence.prober import NodeProber
@@ -42,8 +43,8 @@ from daemon.pipeline import (
     incomplete_record_expired,
     read_log_findings,
 )
-from daemon.slurm.backend import SlurmBackend
-from daemon.slurm.errors import SlurmError
+from daemon.slurm.backend import CommandRunner, SlurmBackend
+from daemon.slurm.errors import SlurmCommandError, SlurmError
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
@@ -56,6 +57,7 @@ from daemon.verify import FollowDeps, follow_relaunches
 log = logging.getLogger("slurm_medic")
 
 CURSOR = "finished_jobs"
+SQUEUE_COMMENTS_ARGV = ("squeue", "--noheader", "--all", "--states=all", "--format=%i|%k")
 # Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
 # error): a reconciliation must find its job whatever became of it.
 ACCOUNTED_STATES = tuple(
@@ -64,6 +66,17 @@ ACCOUNTED_STATES = tuple(
     if state not in (JobState.COMPLETING, JobState.SPECIAL_EXIT, JobState.UNKNOWN)
 )
 ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
+
+
+def parse_queue_comments(text: str) -> dict[int, str]:
+    """`squeue --format=%i|%k` lines as job id -> comment; array tasks (`12_3`) and lines
+    that are not a job id are skipped (a relaunch is never an array task)."""
+    comments: dict[int, str] = {}
+    for line in text.splitlines():
+        job_id, separator, comment = line.partition("|")
+        if separator and job_id.strip().isdigit():
+            comments[int(job_id.strip())] = comment.strip()
+    return comments
 
 
 # ------------------------------------------------------------------------------ logging
@@ -204,8 +217,10 @@ class Daemon:
         prober: NodeProber | None = None,
         engine: Engine | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        run_command: CommandRunner = process.run,
     ) -> None:
         self.settings = settings
+        self.run_command = run_command
         self.backend = backend
         self.files = files
         self.prober = prober
@@ -247,11 +262,29 @@ class Daemon:
         return closed
 
     def _job_with_token(self, token: str, since: datetime) -> int | None:
+        """Slurm 22.05 accounting stores a job's comment only when the job ends, so a live
+        relaunch is found in slurmctld's queue (which also keeps ended jobs for MinJobAge),
+        an older one in accounting."""
+        for job_id, comment in self.queue_comments().items():
+            if token in comment:
+                return job_id
         jobs = self.backend.finished_jobs(since, self.clock(), states=ACCOUNTED_STATES)
         for job in jobs:
             if job.comment and token in job.comment:
                 return job.job_id
         return None
+
+    def queue_comments(self) -> dict[int, str]:
+        """Every job slurmctld holds, with its comment (one squeue call)."""
+        result = self.run_command(list(SQUEUE_COMMENTS_ARGV), timeout=self.settings.slurm_timeout_s)
+        if not result.ok:
+            raise SlurmCommandError(
+                "squeue failed",
+                argv=SQUEUE_COMMENTS_ARGV,
+                returncode=result.returncode,
+                stderr=result.stderr,
+            )
+        return parse_queue_comments(result.stdout)
 
     def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
         from daemon.store.models import Proposal  # noqa: PLC0415

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine
 
 from daemon.config import Settings
-from daemon.service import JsonFormatter, LeaderLock, sd_notify
+from daemon.service import JsonFormatter, LeaderLock, parse_queue_comments, sd_notify
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer
@@ -89,3 +89,8 @@ def test_log_lines_are_json_with_their_fields() -> None:
     assert line["job"] == 42
     assert line["outcome"] == "proposed"
     assert line["level"] == "info"
+
+
+def test_queue_comments_keep_plain_jobs_and_any_comment_text() -> None:
+    text = "41|medic-0a1b\n42|\n43|a|comment|with bars\n44_3|medic-x\n44_[5-9]|medic-y\nbad\n"
+    assert parse_queue_comments(text) == {41: "medic-0a1b", 42: "", 43: "a|comment|with bars"}

@@ -27,7 +27,7 @@ from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import JobState
 from daemon.store.engine import make_engine, make_session_factory
-from daemon.store.models import Action, AuditEvent, Incident, Proposal
+from daemon.store.models import Action, AuditEvent, Incident, Proposal, TemplateRevision
 from daemon.store.schema import upgrade
 from tests.devcluster import DevCluster
 
@@ -53,6 +53,8 @@ def make_template(
     scenario: str,
     replace: dict[str, str],
     nccl_timeout_s: int = 3,
+    step_seconds: float = 0.05,
+    max_steps: int = 12,
 ) -> Path:
     """The example with this machine's paths, the scenario and short pacing."""
     target = work_dir / "template"
@@ -68,7 +70,8 @@ def make_template(
         "[env]\n",
         "[env]\n"
         f'EMULATION_SCENARIO = "{scenario}"\n'
-        'EMULATION_STEP_SECONDS = "0.05"\n'
+        f'EMULATION_STEP_SECONDS = "{step_seconds}"\n'
+        f'MAX_STEPS = "{max_steps}"\n'
         f'EMULATION_NCCL_TIMEOUT_SECONDS = "{nccl_timeout_s}"\n',
     )
     (target / "template.toml").write_text(toml)
@@ -147,7 +150,10 @@ def proposals(daemon: Daemon) -> list[Proposal]:
 
 def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_dir: Path) -> None:
     config = configure(work_dir, devcluster)
-    template = make_template(work_dir, "torchrun", "fragmentation", {})
+    # Slow enough steps that the relaunch is verified while it still runs.
+    template = make_template(
+        work_dir, "torchrun", "fragmentation", {}, step_seconds=0.3, max_steps=40
+    )
     daemon = daemon_for(load_settings(config))
     first_job = submit(template, config, work_dir)
     daemon.start()
@@ -167,13 +173,23 @@ def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_d
         assert action.result == "succeeded"
         assert action.slurm_job_id is not None
         relaunch = SlurmCli().job(action.slurm_job_id)
+        revision = session.scalars(
+            select(TemplateRevision).where(TemplateRevision.proposal_id == proposal.id)
+        ).one()
+        assert "export PYTORCH_ALLOC_CONF=expandable_segments:True" in revision.rendered_script
+        verifying = session.scalars(
+            select(AuditEvent).where(AuditEvent.verb == "proposal_verifying")
+        ).one()
+    assert verifying.details["reason"] == f"job {action.slurm_job_id} is running"
+    assert relaunch.state is JobState.RUNNING  # verified before it ended
     assert relaunch.user == USER
-    assert relaunch.comment is not None
-    assert action.token in relaunch.comment
+    # 22.05 accounting keeps the comment only once a job ends; slurmctld has it now.
+    assert action.token in daemon.queue_comments()[action.slurm_job_id]
     log = Path(work_dir / f"torchrun-example-{action.slurm_job_id}.out").read_text()
     assert "resumed from checkpoint" in log
     assert "OutOfMemoryError" not in log
     daemon.leader.release()
+    SlurmCli().cancel(action.slurm_job_id)  # verified; no need to run it out
 
 
 def test_true_oom_waits_for_a_person(devcluster: DevCluster, work_dir: Path) -> None:
