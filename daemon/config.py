@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from daemon.evidence.prober import ProbeSettings
+from daemon.owner_files import MAX_TAIL_BYTES
 from daemon.slurm.records import JobState
 from daemon.store.settings import DEFAULT_STATE_DIR, StoreSettings
 
@@ -90,7 +91,7 @@ class WedgeSettings(_Section):
 
     enabled: bool = True
     grace_s: float = Field(default=120.0, ge=0, le=86400)
-    log_tail_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    log_tail_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=MAX_TAIL_BYTES)
 
 
 class PolicySettings(_Section):
@@ -149,7 +150,8 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     verify: VerifySettings = VerifySettings()
     slurm_timeout_s: float = Field(default=30.0, gt=0, le=600)
-    log_max_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+    # The owner's reader hands over at most MAX_TAIL_BYTES of a log's end.
+    log_max_bytes: int = Field(default=MAX_TAIL_BYTES, ge=64 * 1024, le=MAX_TAIL_BYTES)
 
     @classmethod
     def settings_customise_sources(

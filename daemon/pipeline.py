@@ -10,6 +10,7 @@ crash anywhere before the commit leaves the job to be handled again, and never t
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import pwd
 from collections.abc import Callable, Mapping
@@ -25,9 +26,11 @@ from daemon.commands.diagnose import merge_findings
 from daemon.config import Settings
 from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
 from daemon.dialects.base import Dialect, KnobValue
+from daemon.evidence.joblog import LogReadError, scan_log
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import Evidence, LogFindings, NodeProbe
-from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused
+from daemon.owner_files import MAX_TAIL_BYTES, Owner, OwnerFiles, OwnerReadRefused, RefusalKind
+from daemon.owner_files import Refusal as ReadRefusal
 from daemon.planner import (
     Attempt,
     LineageHistory,
@@ -75,7 +78,9 @@ FAILED_STATES = frozenset(
 class JobFiles(Protocol):
     """A job's files, read with its owner's rights; a refusal raises `OwnerReadRefused`."""
 
-    def scan_log(self, job: SlurmJob, path: str) -> LogFindings: ...
+    def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
+        """The scanner's findings over at most the last `max_bytes` of the log."""
+        ...
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan: ...
 
@@ -96,8 +101,15 @@ class OwnerJobFiles:
                 uid = None
         return OwnerFiles(Owner.for_job(user=job.user, uid=uid), drop_privileges=self._drop)
 
-    def scan_log(self, job: SlurmJob, path: str) -> LogFindings:
-        return self._files(job).scan_log(path)
+    def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
+        """The owner's reader hands over the tail's bytes; the pure scanner reads them here."""
+        tail = self._files(job).read_tail(path, min(max_bytes, MAX_TAIL_BYTES))
+        try:
+            return scan_log(io.BytesIO(tail))
+        except LogReadError as error:
+            raise OwnerReadRefused(
+                ReadRefusal(RefusalKind.FAILED, path, job.user, f"log not scanned: {error}")
+            ) from error
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
         return self._files(job).find_last_good(spec)
@@ -128,7 +140,7 @@ class HandleResult:
 # ------------------------------------------------------------------------------- gather
 
 
-def read_log_findings(job: SlurmJob, files: JobFiles) -> LogFindings:
+def read_log_findings(job: SlurmJob, files: JobFiles, max_bytes: int) -> LogFindings:
     """The job's logs scanned from their ends with the owner's rights; refusals noted."""
     paths = [path for path in dict.fromkeys((job.stdout_path, job.stderr_path)) if path]
     findings: list[LogFindings] = []
@@ -137,7 +149,7 @@ def read_log_findings(job: SlurmJob, files: JobFiles) -> LogFindings:
         notes.append("Slurm gave no output path for the job (accounting keeps none in 22.05)")
     for path in paths:
         try:
-            findings.append(files.scan_log(job, path))
+            findings.append(files.scan_log(job, path, max_bytes))
         except OwnerReadRefused as error:
             notes.append(str(error))
     merged = merge_findings(findings)
@@ -146,7 +158,7 @@ def read_log_findings(job: SlurmJob, files: JobFiles) -> LogFindings:
 
 def gather(job: SlurmJob, deps: PipelineDeps) -> Evidence:
     """The Slurm record, the log scan and a probe of the failing rank's node."""
-    findings = read_log_findings(job, deps.files)
+    findings = read_log_findings(job, deps.files, deps.settings.log_max_bytes)
     node = findings.node or (job.nodes[0] if len(job.nodes) == 1 else job.batch_host)
     probe: NodeProbe | None = None
     if deps.prober is not None and node:

@@ -231,6 +231,7 @@ class Daemon:
         self.stopping = threading.Event()
         self._cycle_lock = threading.Lock()
         self._wedge_seen: dict[int, datetime] = {}
+        self._last_run: dict[str, float] = {}
         self._started = False
 
     # -- start-up ---------------------------------------------------------------------------
@@ -327,9 +328,15 @@ class Daemon:
                 ("verify", self._step_verify),
                 ("expire", self._step_expire),
             ]
+            intervals = {
+                "wedged": self.settings.watcher.running_interval_s,
+                "verify": self.settings.verify.interval_s,
+            }
             for name, step in steps:
                 if self.stopping.is_set():
                     break
+                if not self._due(name, intervals.get(name, 0.0)):
+                    continue
                 with self.sessions() as session:
                     try:
                         step(session, report)
@@ -339,6 +346,15 @@ class Daemon:
                         report.errors.append(f"{name}: {error}")
                         log.exception("step %s failed", name)
         return report
+
+    def _due(self, step: str, interval_s: float) -> bool:
+        """Steps slower than the poll (wedge checks, verification) run at their own pace."""
+        now = time.monotonic()
+        last = self._last_run.get(step)
+        if last is not None and now - last < interval_s:
+            return False
+        self._last_run[step] = now
+        return True
 
     def _step_reconcile(self, session: Session, report: CycleReport) -> None:
         if repo.pending_intents(session):
@@ -446,7 +462,7 @@ class Daemon:
 
     def _root_failure_seen(self, job: SlurmJob) -> bool:
         """A rank's root failure in the log of a job still running: the others hang."""
-        findings = read_log_findings(job, self.files)
+        findings = read_log_findings(job, self.files, self.settings.wedge.log_tail_bytes)
         return findings.oom is not None or (
             findings.root_failure_line is not None and findings.traceback_seen
         )

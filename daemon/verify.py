@@ -117,7 +117,7 @@ def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: Pi
         ProposalState.VERIFYING.value,
     ):
         return "already judged"
-    progress = measure_progress(session, proposal, job, deps.files)
+    progress = measure_progress(session, proposal, job, deps.files, deps.settings)
     verdict = _verdict(proposal, progress, deps.settings)
     if proposal.state == ProposalState.SUBMITTED.value:
         repo.transition_proposal(
@@ -126,19 +126,25 @@ def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: Pi
     if verdict.verified:
         _verified(session, proposal, verdict)
         return "verified"
+    _no_progress(
+        session,
+        proposal,
+        progress,
+        "completed without showing progress: " + "; ".join(verdict.reasons),
+    )
+    return "no progress"
+
+
+def _no_progress(session: Session, proposal: Proposal, progress: Progress, reason: str) -> None:
+    """The relaunch got nowhere: the planner counts this toward ending retries."""
     proposal.patch = {
         **proposal.patch,
         "outcome": Outcome.SAME_FAILURE.value,
         "step_reached": progress.max_step_seen,
     }
     repo.transition_proposal(
-        session,
-        proposal_id=proposal_id,
-        to=ProposalState.FAILED,
-        actor=DAEMON,
-        reason="completed without showing progress: " + "; ".join(verdict.reasons),
+        session, proposal_id=proposal.id, to=ProposalState.FAILED, actor=DAEMON, reason=reason
     )
-    return "no progress"
 
 
 def measure_progress(
@@ -146,9 +152,10 @@ def measure_progress(
     proposal: Proposal,
     job: SlurmJob,
     files: JobFiles,
+    settings: Settings,
 ) -> Progress:
     """How far the relaunch got: its log's furthest step and its newest good checkpoint."""
-    findings = read_log_findings(job, files)
+    findings = read_log_findings(job, files, settings.log_max_bytes)
     newest: int | None = None
     revision_id = proposal.patch.get("revision")
     revision = session.get(TemplateRevision, revision_id) if revision_id is not None else None
@@ -222,6 +229,11 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
         except SlurmError as error:
             results.append((proposal.id, f"Slurm did not answer: {error}"))
             continue
+        now = deps.clock()
+        if job.state is JobState.PENDING and job.submit_time is not None:
+            waited = (now - job.submit_time).total_seconds()
+            if waited > deps.settings.verify.pending_timeout_s:
+                log.warning("relaunch %s pending for %.0f s", job.job_id, waited)
         if job.state is not JobState.RUNNING:
             results.append((proposal.id, job.state.value))
             continue
@@ -233,11 +245,15 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
                 actor=DAEMON,
                 reason=f"job {job.job_id} is running",
             )
-        progress = measure_progress(session, proposal, job, deps.files)
+        progress = measure_progress(session, proposal, job, deps.files, deps.settings)
         verdict = _verdict(proposal, progress, deps.settings)
+        ran = (now - job.start_time).total_seconds() if job.start_time else 0.0
         if verdict.verified:
             _verified(session, proposal, verdict)
             results.append((proposal.id, "verified"))
+        elif ran > deps.settings.verify.max_duration_s:
+            _no_progress(session, proposal, progress, f"ran {ran:.0f} s without showing progress")
+            results.append((proposal.id, "no progress"))
         else:
             results.append((proposal.id, "; ".join(verdict.reasons)))
         session.commit()

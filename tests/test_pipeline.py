@@ -70,7 +70,7 @@ class FakeFiles:
     def __init__(self, logs: dict[int, LogFindings]) -> None:
         self.logs = logs
 
-    def scan_log(self, job: SlurmJob, path: str) -> LogFindings:
+    def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
         return self.logs[job.job_id]
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:

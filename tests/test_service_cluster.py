@@ -89,8 +89,10 @@ def configure(work_dir: Path, cluster: DevCluster, extra: str = "") -> Path:
         "overlap_s = 30\n"
         "initial_lookback_s = 30\n"
         "reconcile_settle_s = 15\n"
+        "running_interval_s = 1\n"
         "[verify]\n"
         "margin_steps = 2\n"
+        "interval_s = 1\n"
         "[probe]\n"
         f'key_path = "{cluster.medic_key}"\n'
         f'known_hosts_path = "{cluster.known_hosts}"\n'
