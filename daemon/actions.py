@@ -176,6 +176,10 @@ def act_on_approved(session: Session, deps: ActDeps) -> list[ActResult]:
             session.rollback()
             log.warning("proposal %s: Slurm did not answer: %s", proposal.id, error)
             results.append(ActResult(proposal.id, "retry", str(error)))
+        except Exception as error:  # one proposal's failure must not stop the others
+            session.rollback()
+            log.exception("acting on proposal %s failed", proposal.id)
+            results.append(ActResult(proposal.id, "retry", str(error)))
     return results
 
 

@@ -57,6 +57,7 @@ from daemon.verify import FollowDeps, follow_relaunches
 log = logging.getLogger("slurm_medic")
 
 CURSOR = "finished_jobs"
+MAX_JOB_FAILURES = 3
 SQUEUE_COMMENTS_ARGV = ("squeue", "--noheader", "--all", "--states=all", "--format=%i|%k")
 # Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
 # error): a reconciliation must find its job whatever became of it.
@@ -232,6 +233,7 @@ class Daemon:
         self._cycle_lock = threading.Lock()
         self._wedge_seen: dict[int, datetime] = {}
         self._last_run: dict[str, float] = {}
+        self._job_failures: dict[int, int] = {}
         self._started = False
 
     # -- start-up ---------------------------------------------------------------------------
@@ -377,27 +379,68 @@ class Daemon:
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         hold_cursor: datetime | None = None
         for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id)):
-            if job.job_id in handled or self.stopping.is_set():
+            if job.job_id in handled:
+                continue
+            if self.stopping.is_set():
+                end = job.end_time or now
+                hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
                 continue
             if job.job_id not in lineage_jobs and not managed.matches(
                 account=job.account, partition=job.partition, user=job.user
             ):
                 continue
-            complete = self._complete_record(job)
-            if complete is None:
-                if not incomplete_record_expired(job, now, wait):
-                    end = job.end_time or now
-                    hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
-                    continue
-                complete = job
-            result = handle_ended_job(session, complete, deps)
-            session.commit()
-            if result.outcome != "unmanaged":
-                report.handled.append(result)
-                log.info("handled job", extra={"fields": dict(vars(result))})
+            if not self._handle_one(session, job, deps=deps, report=report, now=now, wait=wait):
+                end = job.end_time or now
+                hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
         new_cursor = now if hold_cursor is None else min(now, hold_cursor)
         if cursor is None or new_cursor > cursor:
             repo.set_cursor(session, name=CURSOR, polled_until=new_cursor)
+
+    def _handle_one(
+        self,
+        session: Session,
+        job: SlurmJob,
+        *,
+        deps: PipelineDeps,
+        report: CycleReport,
+        now: datetime,
+        wait: timedelta,
+    ) -> bool:
+        """Handle one job in its own transaction; False: try it again next cycle.
+
+        A job whose handling keeps failing is recorded as such after MAX_JOB_FAILURES tries,
+        so one bad record cannot hold every later job's cursor back forever.
+        """
+        try:
+            complete = self._complete_record(job)
+            if complete is None:
+                if not incomplete_record_expired(job, now, wait):
+                    return False
+                complete = job
+            result = handle_ended_job(session, complete, deps)
+            session.commit()
+        except Exception as error:  # one job's failure must not stop the others
+            session.rollback()
+            failures = self._job_failures.get(job.job_id, 0) + 1
+            self._job_failures[job.job_id] = failures
+            log.exception("handling job %s failed (try %d)", job.job_id, failures)
+            report.errors.append(f"job {job.job_id}: {error}")
+            if failures < MAX_JOB_FAILURES:
+                return False
+            records.mark_job_handled(
+                session,
+                slurm_job_id=job.job_id,
+                actor=DAEMON,
+                outcome="error",
+                details={"error": str(error)[:2000], "tries": failures},
+            )
+            session.commit()
+            return True
+        self._job_failures.pop(job.job_id, None)
+        if result.outcome != "unmanaged":
+            report.handled.append(result)
+            log.info("handled job", extra={"fields": dict(vars(result))})
+        return True
 
     def _complete_record(self, job: SlurmJob) -> SlurmJob | None:
         """The full record (exit codes, std paths) for a job worth handling; None: wait."""

@@ -11,7 +11,9 @@ import pytest
 from sqlalchemy import Engine, select
 
 from daemon.config import Settings
+from daemon.evidence.records import LogFindings
 from daemon.service import Daemon
+from daemon.slurm.errors import JobNotFound
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent, Proposal
@@ -44,7 +46,10 @@ class WindowSlurm(FakeSlurm):
         return tuple(job for job in self.ended if since <= (job.end_time or until) <= until)
 
     def job(self, job_id: int | str) -> SlurmJob:
-        return next(job for job in self.ended if job.job_id == int(job_id))
+        for job in self.ended:
+            if job.job_id == int(job_id):
+                return job
+        raise JobNotFound(f"accounting has no job {job_id}")
 
 
 def settings_for(engine: Engine) -> Settings:
@@ -136,3 +141,45 @@ def test_a_proposal_nobody_decides_on_expires(fresh_engine: Engine) -> None:
         ).all()[-1]
     assert proposal.state == "expired"
     assert slurm.submitted == []
+
+
+class BrokenFiles(FakeFiles):
+    """A reader that fails for one job, as a bug or a corrupt record would."""
+
+    def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
+        if job.job_id == 8201:
+            raise RuntimeError("corrupt record")
+        return super().scan_log(job, path, max_bytes)
+
+
+def test_one_job_that_cannot_be_handled_holds_back_nothing_else(fresh_engine: Engine) -> None:
+    with make_session_factory(fresh_engine)() as session:
+        start_lineage(session, 8201)
+        start_lineage(session, 8202)
+        session.commit()
+    slurm = WindowSlurm(
+        ended=[
+            failed_job(8201, end=NOW - timedelta(minutes=6)),
+            failed_job(8202, end=NOW - timedelta(minutes=5)),
+        ]
+    )
+    files = BrokenFiles({8201: FRAGMENTED, 8202: FRAGMENTED})
+    service = Daemon(
+        settings_for(fresh_engine),
+        backend=slurm,
+        files=files,
+        engine=fresh_engine,
+        clock=lambda: NOW,
+    )
+    reports = [service.cycle() for _ in range(3)]
+    service.leader.release()
+    assert handled_events(fresh_engine, 8202) == 1
+    assert [len(report.errors) for report in reports] == [1, 1, 1]
+    with make_session_factory(fresh_engine)() as session:
+        gave_up = session.scalars(
+            select(AuditEvent).where(
+                AuditEvent.verb == "job_handled", AuditEvent.subject_id == "8201"
+            )
+        ).one()
+    assert gave_up.details["outcome"] == "error"
+    assert gave_up.details["tries"] == 3
