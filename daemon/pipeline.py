@@ -385,6 +385,14 @@ def _plan_and_decide(
     except TemplateError as error:
         _ask_person(session, lineage, f"the lineage's template cannot be loaded: {error}")
         return HandleResult(job.job_id, "template_error", incident.id, detail=str(error))
+    if lineage.status == LineageStatus.VERIFIED.value:
+        repo.set_lineage_status(
+            session,
+            lineage_id=lineage.id,
+            status=LineageStatus.ACTIVE,
+            actor=DAEMON,
+            reason=f"job {job.job_id} failed after the lineage was verified",
+        )
     history = planner_history(session, lineage_id=lineage.id, dialect=template.dialect)
     outcome = plan(verdict, template, history, planner_policy(deps.settings))
     _supersede_waiting(session, lineage.id)

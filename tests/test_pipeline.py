@@ -236,3 +236,37 @@ def test_a_proposal_round_trips_through_its_row() -> None:
     assert isinstance(outcome, Proposal)
     data = patch_to_json(outcome, template.knobs, 4)
     assert patch_from_json(template.dialect, data) == outcome.patch
+
+
+def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
+    db_session: Session,
+) -> None:
+    """A crash between closing the intent and writing `lineage_submit` loses only the event."""
+    lineage_id = start_lineage(db_session, 5501)
+    first = handle_ended_job(db_session, failed_job(5501), deps({5501: FRAGMENTED}))
+    assert first.proposal_id is not None
+    proposal = db_session.get(ProposalRow, first.proposal_id)
+    assert proposal is not None
+    revision = repo.record_template_revision(
+        db_session,
+        lineage_id=lineage_id,
+        knobs=proposal.patch["knobs_after"],
+        rendered_script="#!/bin/bash\n",
+        proposal_id=proposal.id,
+    )
+    intent = repo.record_submit_intent(
+        db_session,
+        proposal_id=proposal.id,
+        build_argv=lambda token: ["sbatch", f"--comment={token}"],
+        actor=ACTOR,
+    )
+    repo.record_submitted(db_session, intent=intent, slurm_job_id=5502, actor=ACTOR)
+    assert records.lineage_job_ids(db_session)[5502] == lineage_id
+    found = records.lineage_submission(db_session, slurm_job_id=5502)
+    assert found is not None
+    assert (found.lineage_id, found.revision_id, found.proposal_id) == (
+        lineage_id,
+        revision.id,
+        proposal.id,
+    )
+    assert found.token == intent.token

@@ -131,6 +131,15 @@ def lineage_job_ids(session: Session, *, active_only: bool = True) -> dict[int, 
         select(AuditEvent).where(AuditEvent.verb == VERB_SUBMIT, AuditEvent.subject_type == "job")
     )
     result = {int(event.subject_id): int(event.details["lineage"]) for event in events}
+    # A relaunch whose submission event a crash lost is still known by its proposal.
+    relaunched = session.execute(
+        select(Proposal.relaunch_job_id, Proposal.lineage_id).where(
+            Proposal.relaunch_job_id.is_not(None), Proposal.lineage_id.is_not(None)
+        )
+    ).tuples()
+    for job_id, lineage_id in relaunched:
+        if job_id is not None and lineage_id is not None:
+            result.setdefault(int(job_id), int(lineage_id))
     if not active_only or not result:
         return result
     active = set(session.scalars(select(Lineage.id).where(Lineage.status == "active")).all())
