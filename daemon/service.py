@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -129,6 +129,14 @@ def sd_notify(message: str, environ: dict[str, str] | None = None) -> bool:
     return True
 
 
+def watchdog_window_s(environ: Mapping[str, str]) -> float:
+    """systemd's WatchdogSec as it tells the service (WATCHDOG_USEC); 90 s when not told."""
+    try:
+        return max(1.0, int(environ["WATCHDOG_USEC"]) / 1_000_000)
+    except (KeyError, ValueError):
+        return 90.0
+
+
 # ------------------------------------------------------------------------------ leader
 
 
@@ -234,6 +242,7 @@ class Daemon:
         self._wedge_seen: dict[int, datetime] = {}
         self._last_run: dict[str, float] = {}
         self._job_failures: dict[int, int] = {}
+        self.heartbeat = time.monotonic()  # moved on by every step and every job handled
         self._started = False
 
     # -- start-up ---------------------------------------------------------------------------
@@ -335,6 +344,7 @@ class Daemon:
                 "verify": self.settings.verify.interval_s,
             }
             for name, step in steps:
+                self.heartbeat = time.monotonic()
                 if self.stopping.is_set():
                     break
                 if not self._due(name, intervals.get(name, 0.0)):
@@ -411,6 +421,7 @@ class Daemon:
         A job whose handling keeps failing is recorded as such after MAX_JOB_FAILURES tries,
         so one bad record cannot hold every later job's cursor back forever.
         """
+        self.heartbeat = time.monotonic()
         try:
             complete = self._complete_record(job)
             if complete is None:
@@ -560,8 +571,9 @@ class Daemon:
             coalesce=True,
             next_run_time=datetime.now(UTC),
         )
+        window_s = watchdog_window_s(os.environ)
         scheduler.add_job(
-            lambda: sd_notify("WATCHDOG=1"), "interval", seconds=max(1.0, interval / 2)
+            self._watchdog, "interval", seconds=max(1.0, window_s / 3), args=(window_s,)
         )
 
         def stop(signum: int, _frame: FrameType | None) -> None:
@@ -600,6 +612,14 @@ class Daemon:
             log.warning("no hook socket: %s; polling only", error)
             return None
         return listener
+
+    def _watchdog(self, window_s: float) -> None:
+        """Ping systemd only while cycles make progress: a hung daemon gets restarted."""
+        age = time.monotonic() - self.heartbeat
+        if age < window_s:
+            sd_notify("WATCHDOG=1")
+        else:
+            log.warning("no progress for %.0f s: not pinging the watchdog", age)
 
     def _scheduled_cycle(self) -> None:
         started = time.monotonic()

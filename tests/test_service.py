@@ -13,7 +13,13 @@ import pytest
 from sqlalchemy import Engine
 
 from daemon.config import Settings
-from daemon.service import JsonFormatter, LeaderLock, parse_queue_comments, sd_notify
+from daemon.service import (
+    JsonFormatter,
+    LeaderLock,
+    parse_queue_comments,
+    sd_notify,
+    watchdog_window_s,
+)
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer
@@ -94,3 +100,30 @@ def test_log_lines_are_json_with_their_fields() -> None:
 def test_queue_comments_keep_plain_jobs_and_any_comment_text() -> None:
     text = "41|medic-0a1b\n42|\n43|a|comment|with bars\n44_3|medic-x\n44_[5-9]|medic-y\nbad\n"
     assert parse_queue_comments(text) == {41: "medic-0a1b", 42: "", 43: "a|comment|with bars"}
+
+
+def test_the_watchdog_window_comes_from_systemd() -> None:
+    assert watchdog_window_s({"WATCHDOG_USEC": "90000000"}) == 90.0
+    assert watchdog_window_s({"WATCHDOG_USEC": "junk"}) == 90.0
+    assert watchdog_window_s({}) == 90.0
+
+
+def test_the_watchdog_is_pinged_only_while_cycles_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon.pipeline import OwnerJobFiles
+    from daemon.service import Daemon
+    from tests.test_actions_store import FakeSlurm
+
+    engine = make_engine(StoreSettings(url=sqlite_url(tmp_path / "medic.db")))
+    service = Daemon(Settings(), backend=FakeSlurm(), files=OwnerJobFiles(), engine=engine)
+    path = str(tmp_path / "notify.sock")
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    with receive_on(path) as sock:
+        service._watchdog(90.0)
+        assert sock.recv(64) == b"WATCHDOG=1"
+        service.heartbeat -= 100
+        service._watchdog(90.0)
+        sock.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            sock.recv(64)
