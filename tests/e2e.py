@@ -1,0 +1,374 @@
+"""End-to-end harness: a real `slurm-medic run` process on its own record, real submissions.
+
+Everything goes through the product's own commands (`db upgrade`, `run`, `submit`,
+`approve`, `show`) as an operator would run them; the record is only read, to decide when a
+stage is over. Scenario templates are the shipped examples with this machine's paths, an
+emulated scenario and short pacing; `--overcommit` lets one job take a single core per node,
+so several scenarios run at once on the 2-core nodes.
+
+Two limits of the daemon this suite found (reported, not hidden): CLI_WRITE_RACE: a CLI
+write (submit, approve) committed while a daemon step is between its first read and its
+first write fails that step with "database is locked" (SQLite's deferred BEGIN in WAL mode),
+so the step is retried a cycle later. SLURMCTLD_FORGETS: on Slurm 22.05 only slurmctld
+knows a job's output path, and the dev cluster forgets ended jobs after MinJobAge=5 s; a
+job handled later is diagnosed `unknown` for want of its log. So the harness submits a
+phase's jobs before the daemon starts, and scenarios that die together hang for different
+NCCL timeouts, so their ends reach the daemon a few seconds apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, TypeVar
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from daemon import process
+from daemon.store.engine import make_engine, make_session_factory
+from daemon.store.models import Action, AuditEvent, Incident, Lineage, Proposal
+from daemon.store.settings import StoreSettings
+
+REPO = Path(__file__).resolve().parent.parent
+MEDIC = REPO / ".venv" / "bin" / "slurm-medic"
+EMULATED_TRAIN = REPO / "deploy" / "devcluster" / "emulated-train"
+USER = "alice"
+# Short pacing: a step is 0.05 s.
+STEP_SECONDS = "0.05"
+FINAL_PROPOSAL_STATES = ("verified", "failed", "rejected", "expired", "superseded")
+
+T = TypeVar("T")
+
+
+class StageFailed(AssertionError):
+    """A stage did not reach its expected outcome in time; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One emulated failure: which shipped example, which preset, which knobs differ."""
+
+    name: str
+    example: str
+    scenario: str
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    # The presets are sized for one rank per node (host RAM is per node).
+    one_rank_per_node: bool = False
+    # How long the surviving ranks hang before NCCL's watchdog ends the job.
+    nccl_timeout_s: int = 2
+
+
+def make_template(work_dir: Path, spec: Scenario) -> Path:
+    """The shipped example rewritten for this run: paths, scenario, pacing, layout."""
+    target = work_dir / f"template-{spec.name}"
+    shutil.copytree(REPO / "launch_templates" / spec.example, target)
+    toml_path = target / "template.toml"
+    toml = toml_path.read_text(encoding="utf-8")
+    for knob, value in spec.knobs.items():
+        toml = _replace_line(toml, f"{knob} = ", f"{knob} = {value}")
+    if spec.one_rank_per_node:
+        toml = _replace_line(toml, "ntasks-per-node = ", "ntasks-per-node = 1")
+    checkpoints = work_dir / f"ckpt-{spec.name}"
+    toml = toml.replace('"deploy/devcluster/emulated-train"', json.dumps(str(EMULATED_TRAIN)))
+    toml = toml.replace(
+        f'"/tmp/slurm-medic-examples/{_example_dir(spec.example)}"', f'"{checkpoints}"'
+    )
+    toml = _replace_line(toml, "job-name = ", f'job-name = "e2e-{spec.name}"')
+    toml = _replace_line(toml, "output = ", f'output = "{work_dir}/%x-%j.out"')
+    toml = toml.replace("[sbatch]\n", "[sbatch]\novercommit = true\n")
+    toml = toml.replace(
+        "[env]\n",
+        "[env]\n"
+        f'EMULATION_SCENARIO = "{spec.scenario}"\n'
+        f'EMULATION_STEP_SECONDS = "{STEP_SECONDS}"\n'
+        f'EMULATION_NCCL_TIMEOUT_SECONDS = "{spec.nccl_timeout_s}"\n',
+    )
+    toml_path.write_text(toml, encoding="utf-8")
+    return target
+
+
+def _example_dir(example: str) -> str:
+    return {"hf-trainer": "hf"}.get(example, example)
+
+
+def _replace_line(toml: str, prefix: str, line: str) -> str:
+    lines = toml.splitlines()
+    hits = [index for index, text in enumerate(lines) if text.startswith(prefix)]
+    if len(hits) != 1:
+        raise ValueError(f"template.toml has {len(hits)} lines starting {prefix!r}")
+    lines[hits[0]] = line
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Medic:
+    """One daemon, its config and its SQLite record under a work dir owned by the job user."""
+
+    work_dir: Path
+    probe: Mapping[str, str]
+    poll_interval_s: float = 1.0
+    extra_config: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    daemon: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+    _engine: Engine | None = None
+
+    @property
+    def config(self) -> Path:
+        return self.work_dir / "config.toml"
+
+    @property
+    def database(self) -> Path:
+        return self.work_dir / "medic.db"
+
+    @property
+    def url(self) -> str:
+        return f"sqlite+pysqlite:///{self.database}"
+
+    @property
+    def hook_socket(self) -> Path:
+        return self.work_dir / "hook.sock"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.work_dir / "daemon.log"
+
+    def prepare(self) -> None:
+        """Write the config and bring a fresh record to the current schema."""
+        self.config.write_text(
+            f'state_dir = "{self.work_dir}"\n'
+            f'hook_socket = "{self.hook_socket}"\n'
+            "[store]\n"
+            f'url = "{self.url}"\n'
+            "[watcher]\n"
+            f"poll_interval_s = {self.poll_interval_s}\n"
+            "overlap_s = 30\n"
+            "initial_lookback_s = 30\n"
+            "running_interval_s = 1\n"
+            "[wedge]\n"
+            "grace_s = 30\n"
+            "[verify]\n"
+            "margin_steps = 2\n"
+            "interval_s = 1\n"
+            "[probe]\n"
+            + "".join(f'{key} = "{value}"\n' for key, value in self.probe.items())
+            + "cache_ttl_s = 0\n"
+            + self.extra_config,
+            encoding="utf-8",
+        )
+        self.cli("db", "upgrade", "--database", self.url, timeout=120)
+
+    def start(self) -> None:
+        """`slurm-medic run` as a real process (its JSON log goes to daemon.log)."""
+        if self.daemon is not None and self.daemon.poll() is None:
+            raise RuntimeError("the daemon is already running")
+        self._log = self.daemon_log.open("ab")
+        self.daemon = subprocess.Popen(
+            [str(MEDIC), "run", "--config", str(self.config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM: the step in flight finishes, then the daemon exits; its exit status."""
+        return self._signal(signal.SIGTERM, timeout_s)
+
+    def kill(self) -> int:
+        """SIGKILL, as a crash or the OOM killer would end it."""
+        return self._signal(signal.SIGKILL, 30)
+
+    def _signal(self, signum: int, timeout_s: float) -> int:
+        if self.daemon is None:
+            raise RuntimeError("no daemon was started")
+        if self.daemon.poll() is None:
+            self.daemon.send_signal(signum)
+        status = self.daemon.wait(timeout=timeout_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return status
+
+    def alive(self) -> bool:
+        return self.daemon is not None and self.daemon.poll() is None
+
+    def cli(
+        self, *args: str, as_user: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """One `slurm-medic` command on this record; fails loudly with its output."""
+        # `sudo slurm-medic approve` as the person: the CLI takes them from SUDO_UID.
+        person = {} if as_user is None else {"SUDO_UID": str(pwd.getpwnam(as_user).pw_uid)}
+        done = subprocess.run(
+            [str(MEDIC), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={**os.environ, **self.env, **person, "SLURM_MEDIC_CONFIG": str(self.config)},
+            cwd=self.work_dir,
+        )
+        if done.returncode != 0:
+            command = " ".join(args)
+            raise StageFailed(
+                f"slurm-medic {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
+        return done
+
+    def submit(self, template: Path) -> tuple[int, int, str]:
+        """`slurm-medic submit` as root for the job user: (lineage, job, token)."""
+        done = self.cli(
+            "submit", str(template), "--as-user", USER, "--work-dir", str(self.work_dir), "--json"
+        )
+        answer = json.loads(done.stdout)
+        return int(answer["lineage"]), int(answer["job"]), str(answer["token"])
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = make_engine(StoreSettings(url=self.url))
+        return self._engine
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with make_session_factory(self.engine)() as session:
+            yield session
+
+    def proposals(self, lineage_id: int) -> list[Proposal]:
+        with self.session() as session:
+            return list(
+                session.scalars(
+                    select(Proposal).where(Proposal.lineage_id == lineage_id).order_by(Proposal.id)
+                )
+            )
+
+    def incidents(self, lineage_id: int) -> list[Incident]:
+        with self.session() as session:
+            return list(
+                session.scalars(
+                    select(Incident).where(Incident.lineage_id == lineage_id).order_by(Incident.id)
+                )
+            )
+
+    def lineage(self, lineage_id: int) -> Lineage:
+        with self.session() as session:
+            found = session.get(Lineage, lineage_id)
+            if found is None:
+                raise StageFailed(f"lineage {lineage_id} is not in the record")
+            session.expunge(found)
+            return found
+
+    def actions(self, proposal_ids: Sequence[int]) -> list[Action]:
+        with self.session() as session:
+            return list(
+                session.scalars(
+                    select(Action).where(Action.proposal_id.in_(proposal_ids)).order_by(Action.id)
+                )
+            )
+
+    def audit_verbs(self) -> list[str]:
+        with self.session() as session:
+            return list(session.scalars(select(AuditEvent.verb).order_by(AuditEvent.id)))
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def wait_for(
+        self, what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 0.5
+    ) -> T:
+        """Poll `probe` until it answers; a dead daemon or the deadline fails the stage."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = probe()
+            if answer:
+                return answer
+            if self.daemon is not None and self.daemon.poll() is not None and self._log is not None:
+                raise StageFailed(
+                    f"{what}: the daemon exited {self.daemon.returncode}; {self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise StageFailed(f"{what}: not reached within {timeout_s:.0f} s; {self.tail()}")
+            time.sleep(every_s)
+
+    def tail(self, lines: int = 8) -> str:
+        if not self.daemon_log.exists():
+            return "no daemon log"
+        text = self.daemon_log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "daemon log ends:\n" + "\n".join(text[-lines:])
+
+    def proposal_in(self, lineage_id: int, states: Sequence[str]) -> Proposal | None:
+        """The lineage's newest proposal, once it is in one of `states`."""
+        found = self.proposals(lineage_id)
+        if found and found[-1].state in states:
+            return found[-1]
+        return None
+
+
+def make_work_dir(prefix: str) -> Path:
+    """/tmp/<prefix>-<random> owned by the job user: its logs and checkpoints go there."""
+    path = Path(f"/tmp/{prefix}-{uuid.uuid4().hex[:8]}")
+    path.mkdir(mode=0o755)
+    shutil.chown(path, USER, USER)
+    return path
+
+
+def jobs_with_token(token: str, minutes: int = 30) -> list[int]:
+    """Every job Slurm knows (queued, running or ended) whose comment carries `token`."""
+    since = (datetime.now(UTC) - timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S")
+    done = process.run(
+        ["sacct", "-X", "-n", "-P", "-a", "-S", since, "-E", "now", "-o", "JobID,Comment"],
+        timeout=30,
+        check=True,
+    )
+    found = set()
+    for line in done.stdout.splitlines():
+        job, _, comment = line.partition("|")
+        if token in comment and job.isdigit():
+            found.add(int(job))
+    queued = process.run(["squeue", "-h", "-o", "%i|%k"], timeout=30, check=True)
+    for line in queued.stdout.splitlines():
+        job, _, comment = line.partition("|")
+        if token in comment and job.isdigit():
+            found.add(int(job))
+    return sorted(found)
+
+
+def job_log(work_dir: Path, job_id: int) -> str:
+    """The job's output file (pattern `%x-%j.out` in the work dir)."""
+    matches = list(work_dir.glob(f"*-{job_id}.out"))
+    if len(matches) != 1:
+        raise StageFailed(f"job {job_id}: {len(matches)} log files in {work_dir}")
+    return matches[0].read_text(encoding="utf-8", errors="replace")
+
+
+def node_reason(node: str) -> tuple[str, str]:
+    """(State, Reason) of a node as `sinfo` prints them ("" when it has no reason)."""
+    shown = process.run(
+        ["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"], timeout=15, check=True
+    ).stdout.strip()
+    state, _, reason = shown.partition("|")
+    return state.upper(), "" if reason == "none" else reason
+
+
+def node_list(job_id: int) -> list[str]:
+    """The nodes a job ran on, from accounting, expanded (`gpu-[01-02]` -> two names)."""
+    done = process.run(
+        ["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "NodeList"], timeout=15, check=True
+    )
+    compact = done.stdout.strip()
+    names = process.run(["scontrol", "show", "hostnames", compact], timeout=15, check=True)
+    return names.stdout.split()

@@ -1,0 +1,319 @@
+"""Every emulated scenario, end to end, on the real local cluster under a real daemon.
+
+Phase one runs the six scenarios that need only healthy nodes at once under one
+`slurm-medic run` (several lineages at a time, as on a real cluster); the levers that change
+the science are approved through the CLI as alice (`sudo slurm-medic approve`). The node
+scenarios then run one after the other on their own record, because a drained gpu-03
+shrinks the cluster for everyone: XID 79 (drained with a `medic:` reason, relaunch
+excludes it), then a co-tenant on the same node (excluded, pid reported, batch kept).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from daemon.slurm.records import MEDIC_REASON_PREFIX
+from daemon.store.models import NodeEvent
+from tests.devcluster import DevCluster
+from tests.e2e import (
+    FINAL_PROPOSAL_STATES,
+    USER,
+    Medic,
+    Scenario,
+    job_log,
+    jobs_with_token,
+    make_template,
+    make_work_dir,
+    node_list,
+    node_reason,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+SICK_NODE = "gpu-03"
+# The healthy scenarios hang for different times after their OOM, so their deaths reach the
+# daemon a couple of seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py).
+HEALTHY = (
+    Scenario("fragmentation", "torchrun", "fragmentation", nccl_timeout_s=5),
+    Scenario(
+        "true-oom-step0",
+        "torchrun",
+        "true-oom-step0",
+        {"micro_batch": "6", "grad_accum": "4"},
+        nccl_timeout_s=7,
+    ),
+    Scenario("true-oom-midrun", "torchrun", "true-oom-midrun", nccl_timeout_s=9),
+    Scenario(
+        "optimizer-burst",
+        "torchrun",
+        "optimizer-burst",
+        {"micro_batch": "2", "grad_accum": "16", "seq_len": "1024"},
+        nccl_timeout_s=11,
+    ),
+    Scenario(
+        "eval-growth",
+        "torchrun",
+        "eval-growth",
+        {"micro_batch": "2", "grad_accum": "8", "eval_batch": "32"},
+        nccl_timeout_s=13,
+    ),
+    Scenario(
+        "host-ram",
+        "torchrun",
+        "host-ram",
+        {"nodes": "4", "micro_batch": "2", "grad_accum": "8", "num_workers": "16"},
+        one_rank_per_node=True,
+        nccl_timeout_s=15,
+    ),
+)
+# Three nodes of four, one rank each: the lowest-named idle nodes, so gpu-03 is in the first
+# attempt and the relaunch still fits once it is excluded.
+FAULTY = Scenario("faulty-node", "torchrun", "faulty-node", {"nodes": "3"}, one_rank_per_node=True)
+COTENANT = Scenario("cotenant", "torchrun", "cotenant", {"nodes": "3"}, one_rank_per_node=True)
+
+
+@dataclass(frozen=True)
+class Expect:
+    kind: str
+    remediator: str
+    # Levers outside policy.auto_approve wait for a person (alice approves through the CLI).
+    waits: bool
+
+
+EXPECTED = {
+    "fragmentation": Expect("fragmentation", "allocator_expandable_segments", waits=False),
+    "true-oom-step0": Expect("true_oom", "micro_batch_down", waits=True),
+    "true-oom-midrun": Expect("true_oom", "micro_batch_down", waits=True),
+    "optimizer-burst": Expect("optimizer_burst", "sharding_up", waits=True),
+    "eval-growth": Expect("eval_growth", "eval_batch_down", waits=True),
+    "host-ram": Expect("host_ram", "dataloader_workers_down", waits=False),
+    "faulty-node": Expect("hardware", "drain_and_exclude", waits=False),
+    "cotenant": Expect("cotenant", "exclude_node", waits=False),
+}
+# Found by this suite (reported): the midrun preset's OOM leaves 4.56 GiB reserved but
+# unallocated against a 2.81 GiB request, so the diagnosis calls it fragmentation; the
+# expandable-segments relaunch then dies of a true OOM at the longest batch, which stops
+# the lineage as "a different failure" instead of moving to micro-batch down.
+MIDRUN_MISREAD = pytest.mark.xfail(
+    strict=True, reason="true-oom-midrun is diagnosed as fragmentation (reported)"
+)
+LOOP_TIMEOUT_S = 150
+
+
+@dataclass(frozen=True)
+class Run:
+    """One lineage of a phase: where its record and files are."""
+
+    medic: Medic
+    scenario: Scenario
+    lineage: int
+    first_job: int
+    token: str
+
+
+def probe_settings(cluster: DevCluster) -> dict[str, str]:
+    return {
+        "key_path": str(cluster.medic_key),
+        "known_hosts_path": str(cluster.known_hosts),
+        "user": cluster.service_user,
+    }
+
+
+def close_loops(medic: Medic, runs: list[Run]) -> None:
+    """Wait for each lineage's first proposal; alice approves those that wait; wait for each
+    lineage's outcome (verified, or failed and stopped for a person)."""
+    first = [
+        medic.wait_for(
+            f"{run.scenario.name}: a proposal",
+            partial(medic.proposals, run.lineage),
+            LOOP_TIMEOUT_S,
+        )[0]
+        for run in runs
+    ]
+    for run, proposal in zip(runs, first, strict=True):
+        if proposal.state == "proposed":
+            medic.cli(
+                "approve",
+                str(proposal.id),
+                "--comment",
+                f"e2e: the {run.scenario.name} fix looks right",
+                as_user=USER,
+            )
+    for run in runs:
+        medic.wait_for(
+            f"{run.scenario.name}: an outcome",
+            partial(medic.proposal_in, run.lineage, FINAL_PROPOSAL_STATES),
+            LOOP_TIMEOUT_S,
+        )
+
+
+@pytest.fixture(scope="module")
+def healthy_runs(
+    devcluster: DevCluster, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Run]]:
+    """Phase one: six lineages at once; the daemon starts once all are submitted (see
+    CLI_WRITE_RACE in tests/e2e.py)."""
+    work_dir = make_work_dir("medic-e2e")
+    medic = Medic(work_dir, probe_settings(devcluster))
+    medic.prepare()
+    try:
+        runs = []
+        for scenario in HEALTHY:
+            lineage, job, token = medic.submit(make_template(work_dir, scenario))
+            runs.append(Run(medic, scenario, lineage, job, token))
+        medic.start()
+        close_loops(medic, runs)
+        yield {run.scenario.name: run for run in runs}
+        remove_unless_failed(work_dir, request)
+    finally:
+        if medic.alive():
+            medic.stop()
+        medic.dispose()
+
+
+@dataclass(frozen=True)
+class NodeRuns:
+    faulty: Run
+    cotenant: Run
+    # gpu-03 as Slurm showed it after the faulty-node lineage closed: (state, reason).
+    drained: tuple[str, str]
+
+
+@pytest.fixture(scope="module")
+def node_runs(
+    devcluster: DevCluster, healthy_runs: dict[str, Run], request: pytest.FixtureRequest
+) -> Iterator[NodeRuns]:
+    """Phase two, after phase one: gpu-03 shows XID 79; once that lineage closed, the drain
+    is lifted through the CLI and gpu-03 gets a co-tenant instead."""
+    work_dir = make_work_dir("medic-e2e-nodes")
+    medic = Medic(work_dir, probe_settings(devcluster))
+    medic.prepare()
+    medic.start()
+    try:
+        with devcluster.node_state(SICK_NODE, "xid79"):
+            faulty = Run(medic, FAULTY, *medic.submit(make_template(work_dir, FAULTY)))
+            close_loops(medic, [faulty])
+        drained = node_reason(SICK_NODE)
+        medic.cli("nodes", "resume", SICK_NODE)
+        with devcluster.node_state(SICK_NODE, "cotenant"):
+            cotenant = Run(medic, COTENANT, *medic.submit(make_template(work_dir, COTENANT)))
+            close_loops(medic, [cotenant])
+        yield NodeRuns(faulty, cotenant, drained)
+        remove_unless_failed(work_dir, request)
+    finally:
+        if medic.alive():
+            medic.stop()
+        if node_reason(SICK_NODE)[1].startswith(MEDIC_REASON_PREFIX):
+            medic.cli("nodes", "resume", SICK_NODE)
+        medic.dispose()
+
+
+def remove_unless_failed(work_dir: Path, request: pytest.FixtureRequest) -> None:
+    """The work dir (logs, record, daemon log) stays for a look when anything failed."""
+    if request.session.testsfailed == 0:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def check_closed_loop(run: Run) -> None:
+    """Kind, lever, policy, audit trail, and a relaunch that really passed."""
+    expect = EXPECTED[run.scenario.name]
+    medic = run.medic
+    incidents = medic.incidents(run.lineage)
+    assert incidents, f"{run.scenario.name}: no incident"
+    assert incidents[0].slurm_job_id == run.first_job
+    assert incidents[0].kind == expect.kind
+    proposals = medic.proposals(run.lineage)
+    assert [p.remediator for p in proposals] == [expect.remediator]
+    proposal = proposals[0]
+    assert proposal.state == "verified", medic.tail()
+    assert proposal.decided_by == (USER if expect.waits else "slurm-medic")
+    relaunch = proposal.relaunch_job_id
+    assert relaunch is not None
+    # Exactly once: one job per token in Slurm, the first and the relaunch.
+    assert jobs_with_token(run.token) == [run.first_job]
+    sbatch = [action for action in medic.actions([proposal.id]) if action.kind == "sbatch"]
+    assert [(a.result, a.slurm_job_id) for a in sbatch] == [("succeeded", relaunch)]
+    assert jobs_with_token(sbatch[0].token) == [relaunch]
+    log = job_log(medic.work_dir, relaunch)
+    assert "training completed" in log
+    # From the last good checkpoint when the dead run wrote one (some die before their first).
+    saved = "saved checkpoint" in job_log(medic.work_dir, run.first_job)
+    assert ("resumed from checkpoint" in log) is saved
+    assert "OutOfMemoryError" not in log
+    story = medic.cli("show", f"L{run.lineage}").stdout
+    trail = ["job_handled", "propose"]
+    trail += ["awaiting_approval", "proposal_approved"] if expect.waits else ["proposal_approved"]
+    trail += ["proposal_submitted", "proposal_verified"]
+    assert "diagnosed" in medic.audit_verbs()
+    positions = [story.find(f" {verb} by ") for verb in trail]
+    assert -1 not in positions, story
+    assert positions == sorted(positions), story
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(scenario.name, marks=MIDRUN_MISREAD)
+        if scenario.name == "true-oom-midrun"
+        else scenario.name
+        for scenario in HEALTHY
+    ],
+)
+def test_scenario_closes_its_loop(healthy_runs: dict[str, Run], name: str) -> None:
+    check_closed_loop(healthy_runs[name])
+
+
+def test_fragmentation_changes_only_the_allocator(healthy_runs: dict[str, Run]) -> None:
+    run = healthy_runs["fragmentation"]
+    proposal = run.medic.proposals(run.lineage)[0]
+    assert proposal.changes_science is False
+    story = run.medic.cli("show", f"L{run.lineage}").stdout
+    assert "+export PYTORCH_ALLOC_CONF=expandable_segments:True" in story
+    assert "-export MICRO_BATCH" not in story
+
+
+def test_true_oom_halves_micro_batch_and_doubles_accumulation(
+    healthy_runs: dict[str, Run],
+) -> None:
+    run = healthy_runs["true-oom-step0"]
+    story = run.medic.cli("show", f"L{run.lineage}").stdout
+    for line in ("-export MICRO_BATCH=6", "+export MICRO_BATCH=3"):
+        assert line in story
+    for line in ("-export GRAD_ACCUM=4", "+export GRAD_ACCUM=8"):
+        assert line in story
+    assert f"approved by {USER}" in story or f"proposal_approved by {USER}" in story
+
+
+def test_faulty_node_is_drained_and_excluded(node_runs: NodeRuns) -> None:
+    run = node_runs.faulty
+    check_closed_loop(run)
+    assert run.medic.incidents(run.lineage)[0].node == SICK_NODE
+    state, reason = node_runs.drained
+    assert "DRAIN" in state
+    assert reason.startswith(MEDIC_REASON_PREFIX)
+    relaunch = run.medic.proposals(run.lineage)[0].relaunch_job_id
+    assert SICK_NODE not in node_list(relaunch or 0)
+    assert SICK_NODE in node_list(run.first_job)
+
+
+def test_cotenant_node_is_excluded_and_its_pid_reported(node_runs: NodeRuns) -> None:
+    run = node_runs.cotenant
+    check_closed_loop(run)
+    proposal = run.medic.proposals(run.lineage)[0]
+    assert "31337" in proposal.rationale
+    story = run.medic.cli("show", f"L{run.lineage}").stdout
+    assert "-export MICRO_BATCH" not in story
+    relaunch = proposal.relaunch_job_id
+    assert SICK_NODE not in node_list(relaunch or 0)
+    with run.medic.session() as session:
+        drains = session.scalars(select(NodeEvent).where(NodeEvent.kind == "drain")).all()
+    assert [event.incident_id for event in drains] == [
+        run.medic.incidents(node_runs.faulty.lineage)[0].id
+    ]
