@@ -330,7 +330,13 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
         )
         return HandleResult(job.job_id, "diagnosed", incident.id)
     result = _plan_and_decide(
-        session, job=job, incident=incident, verdict=verdict, submission=submission, deps=deps
+        session,
+        job=job,
+        incident=incident,
+        verdict=verdict,
+        failing_step=failing_step(verdict, evidence),
+        submission=submission,
+        deps=deps,
     )
     records.mark_job_handled(
         session,
@@ -340,6 +346,14 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
         details={"incident": incident.id, "proposal": result.proposal_id},
     )
     return result
+
+
+def failing_step(verdict: Diagnosis, evidence: Evidence) -> int | None:
+    """The step a relaunch must get past: the failure's own step, or the furthest step the
+    dead run logged if that is later (a verification margin counted from too early a step
+    would pass a relaunch that never reached the point of failure)."""
+    steps = [step for step in (verdict.step, evidence.log.max_step_seen) if step is not None]
+    return max(steps) if steps else None
 
 
 def _completed(
@@ -373,6 +387,7 @@ def _plan_and_decide(
     job: SlurmJob,
     incident: Incident,
     verdict: Diagnosis,
+    failing_step: int | None,
     submission: records.LineageSubmission,
     deps: PipelineDeps,
 ) -> HandleResult:
@@ -417,7 +432,7 @@ def _plan_and_decide(
         session,
         incident_id=incident.id,
         remediator=remediation.remediator,
-        patch=patch_to_json(outcome, template.knobs, verdict.step),
+        patch=patch_to_json(outcome, template.knobs, failing_step),
         rationale=remediation.rationale,
         cost=float(remediation.cost.throughput_loss_pct[1]),
         changes_science=remediation.changes_science,

@@ -4,6 +4,7 @@ fails the same way climbs the ladder; one that fails differently stops for a per
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,8 +14,14 @@ from sqlalchemy.orm import Session
 from daemon.checkpoints import CheckpointScan, CheckpointSpec
 from daemon.config import Settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
-from daemon.evidence.records import LogFindings, OomFamily, OomReport, Phase
-from daemon.pipeline import PipelineDeps, handle_ended_job, patch_from_json, patch_to_json
+from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport, Phase
+from daemon.pipeline import (
+    PipelineDeps,
+    failing_step,
+    handle_ended_job,
+    patch_from_json,
+    patch_to_json,
+)
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
@@ -270,3 +277,10 @@ def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
         proposal.id,
     )
     assert found.token == intent.token
+
+
+def test_the_failing_step_is_the_furthest_the_dead_run_logged() -> None:
+    evidence = Evidence(log=dataclasses.replace(FRAGMENTED, step=2, max_step_seen=5))
+    verdict = Diagnosis(FailureKind.FRAGMENTATION, Confidence.HIGH, ("t",), step=2)
+    assert failing_step(verdict, evidence) == 5
+    assert failing_step(dataclasses.replace(verdict, step=None), Evidence()) is None
