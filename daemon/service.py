@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from daemon import process
@@ -150,6 +151,11 @@ class LeaderLock:
         self._fd: int | None = None
 
     def try_acquire(self) -> bool:
+        """Take the lock, or confirm it is still ours (every cycle asks before acting)."""
+        if self._connection is not None and not self._still_holding():
+            self._connection.invalidate()
+            self._connection = None
+            log.warning("the leader lock's database session was lost; taking it again")
         if self.held:
             return True
         if self._engine.url.get_backend_name() == "postgresql":
@@ -175,6 +181,22 @@ class LeaderLock:
         self._fd = fd
         return True
 
+    def _still_holding(self) -> bool:
+        """A PostgreSQL session that died (server restart, killed backend) took its advisory
+        lock with it, and another daemon may hold it now."""
+        assert self._connection is not None
+        try:
+            held = self._connection.execute(
+                text(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND pid = pg_backend_pid() AND granted)"
+                )
+            ).scalar()
+            self._connection.commit()
+        except DBAPIError:
+            return False
+        return bool(held)
+
     def lock_path(self) -> Path:
         database = self._engine.url.database or "medic.db"
         return Path(database + ".leader")
@@ -186,11 +208,14 @@ class LeaderLock:
     def release(self) -> None:
         if self._connection is not None:
             # A pooled connection outlives close(): unlock first, or the lock stays held.
-            self._connection.execute(
-                text("SELECT pg_advisory_unlock(:key)"), {"key": ADVISORY_LOCK_KEY}
-            )
-            self._connection.commit()
-            self._connection.close()
+            try:
+                self._connection.execute(
+                    text("SELECT pg_advisory_unlock(:key)"), {"key": ADVISORY_LOCK_KEY}
+                )
+                self._connection.commit()
+                self._connection.close()
+            except DBAPIError:
+                self._connection.invalidate()
             self._connection = None
         if self._fd is not None:
             os.close(self._fd)

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from daemon.config import Settings
 from daemon.service import (
@@ -83,6 +83,29 @@ def test_one_leader_on_a_postgres_record(postgres_server: PostgresServer) -> Non
     first, second = two_locks(engine)
     try:
         check_only_one_leader(first, second)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_leader_whose_session_died_is_leader_no_more(postgres_server: PostgresServer) -> None:
+    url = postgres_server.create_database(f"medic_{uuid.uuid4().hex[:12]}")
+    engine = make_engine(StoreSettings(url=url))
+    first, second = two_locks(engine)
+    try:
+        assert first.try_acquire()
+        with make_engine_like(engine).connect() as admin:
+            admin.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks"
+                    " WHERE locktype = 'advisory' AND granted AND database ="
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            )
+            admin.commit()
+        assert second.try_acquire()
+        assert not first.try_acquire()
+        second.release()
     finally:
         engine.dispose()
 
