@@ -13,9 +13,9 @@ import dataclasses
 import io
 import logging
 import pwd
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -122,7 +122,6 @@ class PipelineDeps:
     settings: Settings
     prober: NodeProber | None
     files: JobFiles = field(default_factory=OwnerJobFiles)
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -410,7 +410,7 @@ class Daemon:
         handled = records.handled_job_ids(session, slurm_job_ids=[job.job_id for job in jobs])
         lineage_jobs = records.lineage_job_ids(session, active_only=False)
         managed = self.settings.managed
-        deps = PipelineDeps(self.settings, self.prober, self.files, self.clock)
+        deps = PipelineDeps(self.settings, self.prober, self.files)
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         hold_cursor: datetime | None = None
         for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id)):
