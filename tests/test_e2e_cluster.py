@@ -39,30 +39,30 @@ pytestmark = [pytest.mark.cluster]
 
 SICK_NODE = "gpu-03"
 # The healthy scenarios hang for different times after their OOM, so their deaths reach the
-# daemon a couple of seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py).
+# daemon five seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py).
 HEALTHY = (
-    Scenario("fragmentation", "torchrun", "fragmentation", nccl_timeout_s=5),
+    Scenario("fragmentation", "torchrun", "fragmentation", nccl_timeout_s=4),
     Scenario(
         "true-oom-step0",
         "torchrun",
         "true-oom-step0",
         {"micro_batch": "6", "grad_accum": "4"},
-        nccl_timeout_s=7,
+        nccl_timeout_s=9,
     ),
-    Scenario("true-oom-midrun", "torchrun", "true-oom-midrun", nccl_timeout_s=9),
+    Scenario("true-oom-midrun", "torchrun", "true-oom-midrun", nccl_timeout_s=14),
     Scenario(
         "optimizer-burst",
         "torchrun",
         "optimizer-burst",
         {"micro_batch": "2", "grad_accum": "16", "seq_len": "1024"},
-        nccl_timeout_s=11,
+        nccl_timeout_s=19,
     ),
     Scenario(
         "eval-growth",
         "torchrun",
         "eval-growth",
         {"micro_batch": "2", "grad_accum": "8", "eval_batch": "32"},
-        nccl_timeout_s=13,
+        nccl_timeout_s=24,
     ),
     Scenario(
         "host-ram",
@@ -70,7 +70,7 @@ HEALTHY = (
         "host-ram",
         {"nodes": "4", "micro_batch": "2", "grad_accum": "8", "num_workers": "16"},
         one_rank_per_node=True,
-        nccl_timeout_s=15,
+        nccl_timeout_s=29,
     ),
 )
 # Three nodes of four, one rank each: the lowest-named idle nodes, so gpu-03 is in the first
