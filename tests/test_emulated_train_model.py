@@ -195,7 +195,12 @@ def test_longest_batch_kills_at_its_step_and_halving_fixes_it() -> None:
     failure = failure_of(scenario("true-oom-midrun"))
     assert failure is not None
     assert failure.oom is not None
-    assert (failure.oom.step, failure.oom.phase) == (7, Phase.FORWARD)
+    oom = failure.oom
+    assert (oom.step, oom.phase) == (7, Phase.FORWARD)
+    # It is capacity, not fragmentation: less is unallocated than was asked, and the request
+    # would not fit even if every unallocated byte were reused.
+    assert oom.reserved_unallocated < oom.requested
+    assert oom.allocated + oom.requested + oom.non_pytorch > oom.total
     assert failure_of(scenario("true-oom-midrun", longest_batch_step=None)) is None
     assert failure_of(scenario("true-oom-midrun", micro_batch=2, grad_accum=8)) is None
 

@@ -135,6 +135,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "grad_accum": 4,
         "longest_batch_step": 7,
         "longest_batch_factor": 1.5,
+        # A small tail, so that the longest batch fails on capacity alone: allocated plus the
+        # request exceed the card, and the message shows less unallocated than was asked.
+        "fragmentation": 0.02,
     },
     "optimizer-burst": {
         "num_layers": 32,
