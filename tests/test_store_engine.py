@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,44 @@ def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -
         assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     assert (tmp_path / "medic.db").exists()
+    engine.dispose()
+
+
+def test_sqlite_read_then_write_waits_for_another_writer_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """A daemon step reads, a CLI command commits a write, the step then writes: both land.
+
+    With a deferred BEGIN the step's snapshot is stale by then and SQLite answers "database
+    is locked" at once, whatever the busy timeout; the factory begins every transaction
+    IMMEDIATE so the second writer waits its turn instead.
+    """
+    engine = _sqlite(tmp_path)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (v INTEGER)"))
+    step_has_read = threading.Event()
+    cli_errors: list[BaseException] = []
+
+    def cli_write() -> None:
+        step_has_read.wait()
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("INSERT INTO t VALUES (2)"))
+        except BaseException as error:
+            cli_errors.append(error)
+
+    cli = threading.Thread(target=cli_write)
+    cli.start()
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT count(*) FROM t")).scalar() == 0
+        step_has_read.set()
+        cli.join(timeout=0.5)  # the CLI's write is waiting, not failing
+        assert cli.is_alive()
+        connection.execute(text("INSERT INTO t VALUES (1)"))
+    cli.join()
+    assert cli_errors == []
+    with engine.connect() as connection:
+        assert sorted(connection.execute(text("SELECT v FROM t")).scalars()) == [1, 2]
     engine.dispose()
 
 

@@ -65,7 +65,11 @@ def _sqlite_engine(url: URL, settings: StoreSettings) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN")
+        # IMMEDIATE: a transaction that reads, then writes after another writer committed,
+        # would otherwise fail at once with "database is locked" (its WAL snapshot is stale
+        # and the busy timeout does not apply); taking the write lock at BEGIN makes the
+        # second writer wait its turn instead.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
