@@ -41,6 +41,7 @@ from daemon.planner import (
     plan,
 )
 from daemon.policy import ProposalFacts, decide
+from daemon.slurm.paths import PathContext, default_stdout_pattern, expand_std_path
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
@@ -296,6 +297,8 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
             session, slurm_job_id=job.job_id, actor=DAEMON, outcome="ignored", details={}
         )
         return HandleResult(job.job_id, "ignored", detail=job.state.value)
+    if submission is not None:
+        job = with_template_paths(session, job, submission)
     evidence = gather(job, deps)
     history = (
         diagnosis_history(session, lineage_id=lineage_id) if lineage_id is not None else History()
@@ -345,6 +348,34 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
         details={"incident": incident.id, "proposal": result.proposal_id},
     )
     return result
+
+
+def with_template_paths(
+    session: Session, job: SlurmJob, submission: records.LineageSubmission
+) -> SlurmJob:
+    """22.05 accounting keeps no std paths and slurmctld forgets them MinJobAge after the
+    end; a lineage job's paths are known anyway: its revision's sbatch options, expanded as
+    slurmd expands them."""
+    if job.stdout_path is not None:
+        return job
+    lineage = session.get(Lineage, submission.lineage_id)
+    revision = session.get(TemplateRevision, submission.revision_id)
+    if lineage is None or revision is None:
+        return job
+    try:
+        options = dict(lineage_template(lineage, revision).sbatch)
+    except TemplateError:
+        return job
+    context = PathContext(
+        job_id=job.job_id, name=job.name, user=job.user, first_node=job.batch_host
+    )
+    stdout = options.get("output", default_stdout_pattern(is_array=False))
+    stderr = options.get("error")
+    return dataclasses.replace(
+        job,
+        stdout_path=expand_std_path(stdout, context, work_dir=job.work_dir),
+        stderr_path=expand_std_path(stderr, context, work_dir=job.work_dir) if stderr else None,
+    )
 
 
 def failing_step(verdict: Diagnosis, evidence: Evidence) -> int | None:

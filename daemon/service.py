@@ -59,6 +59,8 @@ log = logging.getLogger("slurm_medic")
 
 CURSOR = "finished_jobs"
 MAX_JOB_FAILURES = 3
+# A first submission's intent older than this is not looked for again (bounds each cycle).
+FIRST_SUBMISSION_HORIZON = timedelta(days=1)
 SQUEUE_COMMENTS_ARGV = ("squeue", "--noheader", "--all", "--states=all", "--format=%i|%k")
 # Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
 # error): a reconciliation must find its job whatever became of it.
@@ -396,6 +398,26 @@ class Daemon:
     def _step_reconcile(self, session: Session, report: CycleReport) -> None:
         if repo.pending_intents(session):
             self.reconcile(session)
+        self.reconcile_first_submissions(session)
+
+    def reconcile_first_submissions(self, session: Session) -> list[tuple[int, int | None]]:
+        """`slurm-medic submit` killed between its intent and recording the job: find the job
+        by its token so the run is followed; declare it never submitted once settled."""
+        closed: list[tuple[int, int | None]] = []
+        settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
+        recent = self.clock() - FIRST_SUBMISSION_HORIZON
+        for intent in records.open_lineage_intents(session, since=recent):
+            if self.clock() - intent.at < settle:
+                continue  # the CLI may still be between sbatch and its own record
+            found = self._job_with_token(intent.token, intent.at - timedelta(minutes=5))
+            records.close_lineage_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
+            cursor = repo.get_cursor(session, name=CURSOR)
+            if found is not None and cursor is not None and cursor > intent.at:
+                # The job may have ended before it was known as the lineage's: poll it again.
+                repo.set_cursor(session, name=CURSOR, polled_until=intent.at)
+            session.commit()
+            closed.append((intent.lineage_id, found))
+        return closed
 
     def _step_poll(self, session: Session, report: CycleReport) -> None:
         watcher = self.settings.watcher

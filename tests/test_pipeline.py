@@ -21,6 +21,7 @@ from daemon.pipeline import (
     handle_ended_job,
     patch_from_json,
     patch_to_json,
+    with_template_paths,
 )
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
 from daemon.slurm.records import JobState, SlurmJob
@@ -284,3 +285,15 @@ def test_the_failing_step_is_the_furthest_the_dead_run_logged() -> None:
     verdict = Diagnosis(FailureKind.FRAGMENTATION, Confidence.HIGH, ("t",), step=2)
     assert failing_step(verdict, evidence) == 5
     assert failing_step(dataclasses.replace(verdict, step=None), Evidence()) is None
+
+
+def test_a_lineage_jobs_log_is_found_from_its_template_when_slurm_forgot_it(
+    db_session: Session,
+) -> None:
+    start_lineage(db_session, 5601)
+    job = dataclasses.replace(failed_job(5601), stdout_path=None, stderr_path=None)
+    submission = records.lineage_submission(db_session, slurm_job_id=5601)
+    assert submission is not None
+    found = with_template_paths(db_session, job, submission)
+    assert found.stdout_path == "/home/alice/torchrun-example-5601.out"
+    assert found.stderr_path is None

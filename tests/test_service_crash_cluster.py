@@ -19,10 +19,14 @@ from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.pipeline import OwnerJobFiles
 from daemon.service import ACCOUNTED_STATES, Daemon
 from daemon.slurm.backend import SlurmCli
+from daemon.store import repository as repo
+from daemon.store import service_records as records
 from daemon.store.engine import make_session_factory
-from daemon.store.models import Action, Proposal
+from daemon.store.models import Action, Incident, Proposal
+from daemon.templates import initial_revision, knobs_to_json, load_template
 from tests.devcluster import DevCluster
 from tests.test_service_cluster import (
+    USER,
     configure,
     cycle_until,
     daemon_for,
@@ -130,3 +134,50 @@ def test_killed_around_sbatch_relaunches_exactly_once(
     relaunch = submitted[0].slurm_job_id
     assert relaunch is not None
     SlurmCli().cancel(relaunch)  # verified; no need to run it out
+
+
+def test_a_first_submission_whose_cli_died_is_found_and_followed(
+    devcluster: DevCluster, work_dir: Path
+) -> None:
+    """`slurm-medic submit` killed right after sbatch: its intent and token are on the record,
+    the job is not; the daemon finds the job by its token and closes the loop on it."""
+    config = configure(work_dir, devcluster)
+    directory = make_template(work_dir, "torchrun", "fragmentation", {})
+    settings = load_settings(config)
+    daemon = daemon_for(settings)
+    template = load_template(directory)
+    first = initial_revision(template)
+    actor = repo.Actor.user("root", 0)
+    with make_session_factory(daemon.engine)() as session:
+        lineage = repo.create_lineage(
+            session, name=template.name, owner=USER, template=str(directory)
+        )
+        revision = repo.record_template_revision(
+            session,
+            lineage_id=lineage.id,
+            knobs=knobs_to_json(first.knobs),
+            rendered_script=first.script,
+        )
+        token = repo.new_token()
+        repo.append_audit(
+            session,
+            actor=actor,
+            verb="submit_intent",
+            subject_type="lineage",
+            subject_id=lineage.id,
+            details={"token": token, "revision": revision.id, "owner": USER},
+        )
+        session.commit()
+        lineage_id = lineage.id
+    job_id = SlurmCli().submit(first.script, as_user=USER, comment=token, work_dir=str(work_dir))
+    daemon.start()
+    cycle_until(
+        daemon, lambda: any(p.state == "verified" for p in proposals(daemon)), timeout_s=150
+    )
+    with make_session_factory(daemon.engine)() as session:
+        found = records.lineage_submission(session, slurm_job_id=job_id)
+        incident = session.scalars(select(Incident)).one()
+    assert found is not None
+    assert (found.lineage_id, found.attempt, found.token) == (lineage_id, 1, token)
+    assert incident.slurm_job_id == job_id
+    daemon.leader.release()

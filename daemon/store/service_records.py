@@ -246,3 +246,77 @@ def stale_proposals(session: Session, *, older_than: timedelta, now: datetime) -
             )
         )
     )
+
+
+VERB_LINEAGE_INTENT = "submit_intent"
+VERB_LINEAGE_INTENT_CLOSED = "submit_intent_closed"
+
+
+@dataclass(frozen=True)
+class LineageIntent:
+    """`slurm-medic submit`'s intent, committed before its sbatch ran."""
+
+    lineage_id: int
+    revision_id: int
+    token: str
+    at: datetime
+
+
+def open_lineage_intents(session: Session, *, since: datetime) -> list[LineageIntent]:
+    """First submissions since `since` whose sbatch answer never reached the record (the CLI
+    died): neither a `lineage_submit` with their token nor a closing or failure event."""
+    intents = session.scalars(
+        select(AuditEvent).where(
+            AuditEvent.verb == VERB_LINEAGE_INTENT,
+            AuditEvent.subject_type == "lineage",
+            AuditEvent.at >= since,
+        )
+    ).all()
+    if not intents:
+        return []
+    closing = session.scalars(
+        select(AuditEvent).where(
+            AuditEvent.verb.in_([VERB_SUBMIT, VERB_LINEAGE_INTENT_CLOSED, "submit_failed"]),
+            AuditEvent.at >= since,
+        )
+    ).all()
+    done_tokens = {str(event.details.get("token", "")) for event in closing}
+    failed_lineages = {event.subject_id for event in closing if event.verb == "submit_failed"}
+    return [
+        LineageIntent(
+            lineage_id=int(event.subject_id),
+            revision_id=int(event.details["revision"]),
+            token=str(event.details["token"]),
+            at=event.at,
+        )
+        for event in intents
+        if str(event.details.get("token")) not in done_tokens
+        and event.subject_id not in failed_lineages
+    ]
+
+
+def close_lineage_intent(
+    session: Session, *, intent: LineageIntent, found_job_id: int | None, actor: Actor
+) -> None:
+    """Tie a found job to its lineage, or record that sbatch never made one."""
+    if found_job_id is not None:
+        record_lineage_submission(
+            session,
+            slurm_job_id=found_job_id,
+            lineage_id=intent.lineage_id,
+            attempt=1,
+            revision_id=intent.revision_id,
+            proposal_id=None,
+            token=intent.token,
+            actor=actor,
+        )
+        return
+    append_audit(
+        session,
+        actor=actor,
+        verb=VERB_LINEAGE_INTENT_CLOSED,
+        subject_type="lineage",
+        subject_id=intent.lineage_id,
+        details={"token": intent.token, "found": None},
+    )
+    session.flush()
