@@ -6,15 +6,16 @@ stage is over. Scenario templates are the shipped examples with this machine's p
 emulated scenario and short pacing; `--overcommit` lets one job take a single core per node,
 so several scenarios run at once on the 2-core nodes.
 
-Two limits of the daemon this suite found (reported, not hidden): CLI_WRITE_RACE: a CLI
-write (submit, approve) committed while a daemon step is between its first read and its
-first write fails that step with "database is locked" (SQLite's deferred BEGIN in WAL mode),
-so the step is retried a cycle later; the CLI command fails the same way the other way
-round (a traceback), and the harness runs it again as an operator would.
-SLURMCTLD_FORGETS: on Slurm 22.05 only slurmctld knows a job's output path, and the dev cluster forgets ended jobs after MinJobAge=5 s; a
-job handled later is diagnosed `unknown` for want of its log. So the harness submits a
-phase's jobs before the daemon starts, and scenarios that die together hang for different
-NCCL timeouts, so their ends reach the daemon a few seconds apart.
+Two limits of the daemon this suite found, and how the harness met them. CLI_WRITE_RACE:
+a CLI write (submit, approve) committed while a daemon step was between its first read
+and its first write failed that step, or the CLI command, with "database is locked"
+(fixed in a4f2b87: every SQLite transaction now begins IMMEDIATE); the harness still runs
+a command again on that message, as an operator would. SLURMCTLD_FORGETS: on Slurm 22.05
+only slurmctld knows a job's output path, and the dev cluster forgets ended jobs after
+MinJobAge=5 s; a job handled later was diagnosed `unknown` for want of its log (the test
+`test_a_death_seen_after_slurmctld_forgot_the_job_is_still_diagnosed` now holds the
+daemon to it). The harness still submits a phase's jobs before the daemon starts, and
+scenarios that die together hang for different NCCL timeouts, five seconds apart.
 """
 
 from __future__ import annotations
