@@ -144,6 +144,30 @@ def test_cli_upgrade_current_downgrade(empty_db_engine: Engine) -> None:
     assert _tables(empty_db_engine) == set()
 
 
+def test_cli_takes_the_record_from_the_config_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`db` finds the record where every other command does: --config, SLURM_MEDIC_CONFIG."""
+    database = tmp_path / "from-config.db"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{database}"\n')
+    runner = CliRunner()
+
+    upgraded = runner.invoke(main, ["db", "upgrade", "--config", str(config)])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert f"empty -> {schema.head_revision()}" in upgraded.output
+    assert database.exists()
+
+    monkeypatch.setenv("SLURM_MEDIC_CONFIG", str(config))
+    current = runner.invoke(main, ["db", "current"])
+    assert current.exit_code == 0, current.output
+    assert f"current: {schema.head_revision()}" in current.output
+
+    missing = runner.invoke(main, ["db", "current", "--config", str(tmp_path / "nope.toml")])
+    assert missing.exit_code == 1
+    assert "does not exist" in missing.output
+
+
 def test_cli_refuses_a_foreign_database_url() -> None:
     result = CliRunner().invoke(main, ["db", "current", "--database", "mysql://host/db"])
     assert result.exit_code == 2

@@ -5,23 +5,40 @@ from __future__ import annotations
 import click
 from sqlalchemy import Engine
 
+from daemon.config import ConfigError, load_settings
 from daemon.store import schema
 from daemon.store.engine import StoreConfigError, make_engine
 from daemon.store.settings import StoreSettings
 
+_CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    default=None,
+    help="Config file (default: $SLURM_MEDIC_CONFIG, else /etc/slurm-medic/config.toml).",
+)
 _DATABASE_OPTION = click.option(
     "--database",
     "database_url",
     metavar="URL",
     default=None,
-    help="SQLAlchemy URL of the record (default: the SQLite file under the state directory).",
+    help="SQLAlchemy URL of the record, over the config's store.url.",
 )
 
 
-def _engine(database_url: str | None) -> Engine:
+def _engine(config_path: str | None, database_url: str | None) -> Engine:
+    """The record the other commands would use: --database, else the config's store."""
     try:
-        settings = StoreSettings() if database_url is None else StoreSettings(url=database_url)
-        return make_engine(settings)
+        if database_url is not None:
+            store = StoreSettings(url=database_url)
+        else:
+            store = load_settings(config_path).store
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--database") from error
+    try:
+        return make_engine(store)
     except (ValueError, StoreConfigError) as error:
         raise click.BadParameter(str(error), param_hint="--database") from error
 
@@ -33,10 +50,11 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.argument("revision", default="head")
+@_CONFIG_OPTION
 @_DATABASE_OPTION
-def upgrade_command(revision: str, database_url: str | None) -> None:
+def upgrade_command(revision: str, config_path: str | None, database_url: str | None) -> None:
     """Migrate the record up to REVISION (default: head, this code's version)."""
-    engine = _engine(database_url)
+    engine = _engine(config_path, database_url)
     try:
         before = schema.current_revision(engine)
         schema.upgrade(engine, revision)
@@ -48,10 +66,11 @@ def upgrade_command(revision: str, database_url: str | None) -> None:
 
 @db.command("downgrade")
 @click.argument("revision")
+@_CONFIG_OPTION
 @_DATABASE_OPTION
-def downgrade_command(revision: str, database_url: str | None) -> None:
+def downgrade_command(revision: str, config_path: str | None, database_url: str | None) -> None:
     """Migrate the record down to REVISION (`base` removes every table, data included)."""
-    engine = _engine(database_url)
+    engine = _engine(config_path, database_url)
     try:
         before = schema.current_revision(engine)
         schema.downgrade(engine, revision)
@@ -62,10 +81,11 @@ def downgrade_command(revision: str, database_url: str | None) -> None:
 
 
 @db.command("current")
+@_CONFIG_OPTION
 @_DATABASE_OPTION
-def current_command(database_url: str | None) -> None:
+def current_command(config_path: str | None, database_url: str | None) -> None:
     """Print the record's schema revision and whether it matches this code; exit 1 if not."""
-    engine = _engine(database_url)
+    engine = _engine(config_path, database_url)
     try:
         current = schema.current_revision(engine)
         head = schema.head_revision()
