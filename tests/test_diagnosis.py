@@ -18,6 +18,7 @@ from daemon.diagnosis import (
     Onset,
     diagnose,
 )
+from daemon.evidence.joblog import scan_log
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import (
     ComputeApp,
@@ -322,3 +323,17 @@ def test_many_small_holders_are_named_as_possible_stray_contexts() -> None:
     verdict = run(LogFindings(oom=oom))
     assert verdict.kind is FailureKind.COTENANT
     assert any("opened a CUDA context on this GPU" in reason for reason in verdict.reasons)
+
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+@pytest.mark.parametrize(
+    "name", ["devcluster_true_oom_midrun_4rank.log", "devcluster_true_oom_midrun_resumed.log"]
+)
+def test_four_rank_midrun_oom_is_at_step_6_not_the_optimizer_state(name: str) -> None:
+    verdict = run(scan_log(LOGS / name))
+    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.onset is Onset.MID_RUN
+    assert verdict.mid_run_cause is MidRunCause.LONGEST_BATCH
+    assert verdict.step == 6

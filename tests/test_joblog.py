@@ -350,3 +350,29 @@ def test_an_oom_anywhere_among_lines_is_found(
     assert found.rank == rank
     assert found.oom is not None
     assert found.oom.requested_bytes == 22 * 1024**2
+
+
+def test_four_rank_srun_log_takes_the_step_the_job_reached_not_the_interleaved_one() -> None:
+    # Rank 3's traceback (stderr) reaches the log before rank 0's step lines (stdout): the
+    # ranks step together, so rank 3 died at the step the others last logged, 6, not 2.
+    found = scan_log(LOGS / "devcluster_true_oom_midrun_4rank.log")
+    assert found.rank == 3
+    assert found.node == "gpu-02"
+    assert found.step == 6
+    assert found.max_step_seen == 6
+    assert found.oom is not None
+
+
+def test_resumed_run_that_died_before_a_step_is_at_its_resume_step() -> None:
+    found = scan_log(LOGS / "devcluster_true_oom_midrun_resumed.log")
+    assert found.rank == 3
+    assert found.step == 6
+
+
+def test_srun_killed_task_is_the_failing_rank_and_node() -> None:
+    found = scan_log(LOGS / "devcluster_host_ram_4rank.log")
+    assert found.oom is not None
+    assert found.oom.family is OomFamily.HOST_RAM
+    assert found.rank == 3
+    assert found.node == "gpu-04"
+    assert found.killed_by_signal == 9

@@ -209,7 +209,7 @@ class _Analysis:
 
     step_patterns: tuple[re.Pattern[str], ...]
     events: list[_Event] = field(default_factory=list)
-    steps: list[tuple[int, int]] = field(default_factory=list)
+    steps: list[tuple[int, int, int | None]] = field(default_factory=list)  # offset, step, rank
     ranks: dict[int | None, _RankState] = field(default_factory=dict)
     srun_errors: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
     table: list[_TableEntry] = field(default_factory=list)
@@ -541,7 +541,7 @@ def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
         state.rank_from_local_prefix = True
     step = _find_step(text, state.step_patterns)
     if step is not None:
-        state.steps.append((offset, step))
+        state.steps.append((offset, step, rank))
     rank_state = state.ranks.setdefault(rank, _RankState())
     if _TRACEBACK_START in body:
         rank_state.frames = []
@@ -696,7 +696,7 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
     root = _choose_root(state)
     notes = list(state.notes)
     job_pids = tuple(sorted(state.job_pids))
-    max_step = max((step for _, step in state.steps), default=None)
+    max_step = max((step for _, step, _ in state.steps), default=None)
     if root is None:
         exit_code, signal = _exit_from_summaries(state, None)
         notes.append(f"no failure message found in the last {scanned} bytes read")
@@ -709,7 +709,6 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
             bytes_scanned=scanned,
         )
     rank, node = _root_rank_and_node(state, root, notes)
-    steps_before = [step for offset, step in state.steps if offset <= root.offset]
     exit_code, signal = _exit_from_summaries(state, rank)
     if root.oom is not None and root.oom.family is OomFamily.HOST_RAM and signal is None:
         signal = 9
@@ -727,7 +726,7 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
     return LogFindings(
         rank=rank,
         node=node,
-        step=steps_before[-1] if steps_before else None,
+        step=_step_at_failure(state, root),
         max_step_seen=max_step,
         phase=_phase(root.frames),
         frames=tuple(frame.func for frame in root.frames),
@@ -743,6 +742,32 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
         traceback_seen=bool(root.frames),
         bytes_scanned=scanned,
     )
+
+
+def _step_at_failure(state: _Analysis, root: _Event) -> int | None:
+    """The last training step logged before the failure.
+
+    In an srun log the ranks' stdout (buffered: the step lines) and the failing rank's stderr
+    (its traceback) arrive in no set order, so rank 0's steps 3-6 can land after rank 3's
+    traceback. When the failing rank logged no step of its own, the steps the other ranks
+    logged up to the collective timeouts the failure caused count too: the ranks step
+    together, so none gets past the step the failing rank died in. A resumed run's "resumed
+    ... at step N" line is one of those steps.
+    """
+    before = [step for offset, step, _ in state.steps if offset <= root.offset]
+    own_steps = any(rank == root.rank for _, _, rank in state.steps)
+    if root.rank is None or root.kind == "cascade" or own_steps:
+        return before[-1] if before else None
+    limit = min(
+        (e.offset for e in state.events if e.kind == "cascade" and e.offset > root.offset),
+        default=None,
+    )
+    reached = [
+        step
+        for offset, step, rank in state.steps
+        if (offset <= root.offset or rank != root.rank) and (limit is None or offset <= limit)
+    ]
+    return reached[-1] if reached else None
 
 
 def _choose_root(state: _Analysis) -> _Event | None:
@@ -779,6 +804,11 @@ def _root_rank_and_node(
     state: _Analysis, root: _Event, notes: list[str]
 ) -> tuple[int | None, str | None]:
     rank = root.rank
+    killed = _SRUN_ERROR.search(root.text) if root.rank is None else None
+    if killed is not None and (tasks := _task_ids(killed.group("tasks"))):
+        # the root failure is srun's own line (`srun: error: gpu-04: task 3: Killed`)
+        notes.append(f"rank {tasks[0]} and node taken from srun's line for the root failure")
+        return tasks[0], root.node or killed.group("node")
     table_root = next((entry for entry in state.table if entry.root_cause), None)
     if rank is None and table_root is not None:
         rank = table_root.rank
