@@ -256,7 +256,7 @@ class Medic:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with make_session_factory(self.engine)() as session:
+        with make_session_factory(self.engine, read_only=True)() as session:
             yield session
 
     def proposals(self, lineage_id: int) -> list[Proposal]:

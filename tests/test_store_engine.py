@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
-from daemon.store.engine import StoreConfigError, make_engine, normalise_url
+from daemon.store.engine import (
+    ReadOnlySessionError,
+    StoreConfigError,
+    make_engine,
+    make_session_factory,
+    normalise_url,
+)
+from daemon.store.models import Cursor
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer
 
@@ -64,6 +72,30 @@ def test_sqlite_read_then_write_waits_for_another_writer_instead_of_failing(
     assert cli_errors == []
     with engine.connect() as connection:
         assert sorted(connection.execute(text("SELECT v FROM t")).scalars()) == [1, 2]
+    engine.dispose()
+
+
+def test_a_reader_neither_waits_for_a_writer_nor_writes(tmp_path: Path) -> None:
+    """A daemon step holds the write lock (through sacct, a probe, sbatch); `show` and
+    `history` still answer at once, from the last committed state, and cannot write."""
+    engine = _sqlite(tmp_path, sqlite_busy_timeout_ms=200)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (v INTEGER)"))
+        connection.execute(text("INSERT INTO t VALUES (1)"))
+    readers = make_session_factory(engine, read_only=True)
+    with engine.begin() as step:
+        step.execute(text("INSERT INTO t VALUES (2)"))  # not committed yet
+        with readers() as reader:
+            assert list(reader.execute(text("SELECT v FROM t")).scalars()) == [1]
+        with (
+            pytest.raises(OperationalError, match="database is locked"),
+            make_session_factory(engine)() as writer,
+        ):
+            writer.execute(text("SELECT v FROM t"))
+    with readers() as reader:
+        reader.add(Cursor(name="poll", polled_until=datetime.now(UTC)))
+        with pytest.raises(ReadOnlySessionError):
+            reader.flush()
     engine.dispose()
 
 

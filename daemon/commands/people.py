@@ -133,8 +133,14 @@ def _settings(config_path: str | None) -> Settings:
 
 
 @contextmanager
-def _record(settings: Settings, database_url: str | None) -> Iterator[Session]:
-    """A session on the record at this code's schema; the engine is closed afterwards."""
+def _record(
+    settings: Settings, database_url: str | None, *, read_only: bool = False
+) -> Iterator[Session]:
+    """A session on the record at this code's schema; the engine is closed afterwards.
+
+    Commands that only read take a read-only session: they answer while a daemon step holds
+    SQLite's write lock, and cannot write by mistake.
+    """
     try:
         store = settings.store if database_url is None else StoreSettings(url=database_url)
         engine = make_engine(store)
@@ -142,7 +148,7 @@ def _record(settings: Settings, database_url: str | None) -> Iterator[Session]:
         raise click.BadParameter(str(error), param_hint="--database") from error
     try:
         check_schema_current(engine)
-        with make_session_factory(engine)() as session:
+        with make_session_factory(engine, read_only=read_only)() as session:
             yield session
     except SchemaBehind as error:
         raise click.ClickException(str(error)) from error
@@ -165,7 +171,7 @@ def _emit(as_json: bool, document: object, render: Callable[[Console], None]) ->
 def status_command(config_path: str | None, database_url: str | None, as_json: bool) -> None:
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
     settings = _settings(config_path)
-    with _record(settings, database_url) as session:
+    with _record(settings, database_url, read_only=True) as session:
         flag = repo.pause_flag(session)
         document = {
             "paused": bool(flag and flag.value),
@@ -319,7 +325,7 @@ def history_command(
     now = datetime.now(UTC)
     since = parse_since(since_text, now)
     settings = _settings(config_path)
-    with _record(settings, database_url) as session:
+    with _record(settings, database_url, read_only=True) as session:
         incidents = repo.find_incidents(
             session,
             since=since,
@@ -394,7 +400,7 @@ def show_command(
     that was applied, who decided and why, and the outcome.
     """
     settings = _settings(config_path)
-    with _record(settings, database_url) as session:
+    with _record(settings, database_url, read_only=True) as session:
         lineage = _LINEAGE_REF.match(reference.strip())
         if lineage:
             try:
@@ -585,7 +591,7 @@ def nodes_group(
     if context.invoked_subcommand is not None:
         return
     settings = _settings(config_path)
-    with _record(settings, database_url) as session:
+    with _record(settings, database_url, read_only=True) as session:
         drains = [_drain_document(event) for event in repo.drains_in_force(session)]
     _emit(as_json, {"drains": drains}, lambda console: _print_drains(console, drains))
 

@@ -10,6 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from daemon.store.settings import StoreSettings
 
+# The execution option that marks a read-only session's connections.
+_READ_ONLY = "medic_read_only"
+
 
 class StoreConfigError(ValueError):
     """A database URL slurm-medic cannot use."""
@@ -68,12 +71,35 @@ def _sqlite_engine(url: URL, settings: StoreSettings) -> Engine:
         # IMMEDIATE: a transaction that reads, then writes after another writer committed,
         # would otherwise fail at once with "database is locked" (its WAL snapshot is stale
         # and the busy timeout does not apply); taking the write lock at BEGIN makes the
-        # second writer wait its turn instead.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # second writer wait its turn instead. A read-only session needs no lock at all
+        # (WAL readers see a snapshot), so it never waits behind a daemon step.
+        if connection.get_execution_options().get(_READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
 
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions that keep loaded rows readable after commit (the CLI prints them afterwards)."""
-    return sessionmaker(bind=engine, expire_on_commit=False)
+class ReadOnlySessionError(RuntimeError):
+    """A session made for reading tried to write."""
+
+
+def make_session_factory(engine: Engine, *, read_only: bool = False) -> sessionmaker[Session]:
+    """Sessions that keep loaded rows readable after commit (the CLI prints them afterwards).
+
+    `read_only` sessions (status, history, show, a reviewer's queries) take no write lock on
+    SQLite and refuse to flush, so a reader can neither block nor be blocked by the daemon.
+    """
+    if not read_only:
+        return sessionmaker(bind=engine, expire_on_commit=False)
+    factory = sessionmaker(
+        bind=engine.execution_options(**{_READ_ONLY: True}), expire_on_commit=False
+    )
+
+    @event.listens_for(factory, "before_flush")
+    def _refuse_writes(session: Session, _context: Any, _instances: Any) -> None:
+        if session.new or session.dirty or session.deleted:
+            raise ReadOnlySessionError("a read-only session of the record cannot write")
+
+    return factory
