@@ -276,7 +276,10 @@ def planner_policy(settings: Settings) -> PlannerPolicy:
 
 
 def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> HandleResult:
-    """Handle one ended job once; the caller commits (and skips jobs already handled)."""
+    """Handle one ended job once; the caller commits (and skips jobs already handled).
+
+    The gather (log scan, node probe) runs between transactions: only reads come before it.
+    """
     submission = records.lineage_submission(session, slurm_job_id=job.job_id)
     managed = deps.settings.managed.matches(
         account=job.account, partition=job.partition, user=job.user
@@ -284,6 +287,15 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
     if submission is None and not managed:
         return HandleResult(job.job_id, "unmanaged")
     lineage_id = submission.lineage_id if submission else None
+    if submission is not None:
+        # A completed relaunch is judged from its log too, so it needs the paths as well.
+        job = with_template_paths(session, job, submission)
+    evidence: Evidence | None = None
+    if job.state in FAILED_STATES:
+        # Nothing is written yet: end the read so that the log scan and the node probe
+        # (seconds, longer for a node that does not answer) hold no lock on the record.
+        session.commit()
+        evidence = gather(job, deps)
     repo.record_job(
         session,
         job=job,
@@ -292,14 +304,11 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
     )
     if job.state is JobState.COMPLETED:
         return _completed(session, job, submission, deps)
-    if job.state not in FAILED_STATES:
+    if evidence is None:
         records.mark_job_handled(
             session, slurm_job_id=job.job_id, actor=DAEMON, outcome="ignored", details={}
         )
         return HandleResult(job.job_id, "ignored", detail=job.state.value)
-    if submission is not None:
-        job = with_template_paths(session, job, submission)
-    evidence = gather(job, deps)
     history = (
         diagnosis_history(session, lineage_id=lineage_id) if lineage_id is not None else History()
     )

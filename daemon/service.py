@@ -423,6 +423,7 @@ class Daemon:
         watcher = self.settings.watcher
         now = self.clock()
         cursor = repo.get_cursor(session, name=CURSOR)
+        session.commit()  # only read: sacct's seconds hold no lock on the record
         start = (
             cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
         )
@@ -515,6 +516,7 @@ class Daemon:
         if not wedge.enabled:
             return
         lineage_jobs = records.lineage_job_ids(session)
+        session.commit()  # only read: squeue and the log reads hold no lock on the record
         if not lineage_jobs:
             return
         now = self.clock()

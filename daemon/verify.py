@@ -218,7 +218,9 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
     """
     results: list[tuple[int, str]] = []
     states = [ProposalState.SUBMITTED.value, ProposalState.VERIFYING.value]
-    for proposal in records.proposals_in(session, states=states):
+    in_flight = records.proposals_in(session, states=states)
+    session.commit()  # only read: asking Slurm about each relaunch holds no lock on the record
+    for proposal in in_flight:
         if proposal.relaunch_job_id is None:
             continue
         try:

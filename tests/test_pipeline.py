@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from daemon.checkpoints import CheckpointScan, CheckpointSpec
+from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointScan, CheckpointSpec
 from daemon.config import Settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport, Phase
@@ -73,16 +73,22 @@ HOST_KILLED = LogFindings(
 
 
 class FakeFiles:
-    """The seam that reads a job's files as its owner, answering from a table."""
+    """The seam that reads a job's files as its owner, answering from tables."""
 
-    def __init__(self, logs: dict[int, LogFindings]) -> None:
+    def __init__(
+        self, logs: dict[int, LogFindings], checkpoints: dict[int, Checkpoint] | None = None
+    ) -> None:
         self.logs = logs
+        self.checkpoints = checkpoints or {}
+        self.paths_read: list[str] = []
 
     def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
+        self.paths_read.append(path)
         return self.logs[job.job_id]
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
-        return CheckpointScan(spec.root, None, (), "none in this test")
+        found = self.checkpoints.get(job.job_id)
+        return CheckpointScan(spec.root, found, (), "" if found else "none in this test")
 
 
 def failed_job(job_id: int, *, end: datetime = T0, state: JobState = JobState.FAILED) -> SlurmJob:
@@ -297,3 +303,30 @@ def test_a_lineage_jobs_log_is_found_from_its_template_when_slurm_forgot_it(
     found = with_template_paths(db_session, job, submission)
     assert found.stdout_path == "/home/alice/torchrun-example-5601.out"
     assert found.stderr_path is None
+
+
+def test_a_completed_relaunch_slurm_forgot_is_judged_from_its_templates_log(
+    db_session: Session,
+) -> None:
+    """Handled after MinJobAge, a relaunch that ran to the end has no log path in 22.05
+    accounting; its revision's sbatch options give it, so it is verified, not 'no progress'."""
+    lineage_id = start_lineage(db_session, 5701)
+    first = handle_ended_job(db_session, failed_job(5701), deps({5701: FRAGMENTED}))
+    assert first.proposal_id is not None
+    pretend_relaunched(db_session, first.proposal_id, 5702, lineage_id)
+    forgotten = dataclasses.replace(
+        failed_job(5702, end=T0 + timedelta(minutes=10), state=JobState.COMPLETED),
+        exit_code=0,
+        stdout_path=None,
+    )
+    passed = dataclasses.replace(FRAGMENTED, step=None, max_step_seen=12, oom=None)
+    checkpoint = Checkpoint(CheckpointLayout.GLOB, Path("/ckpt/step_12"), 12, "/ckpt/step_12")
+    files = FakeFiles({5702: passed}, {5702: checkpoint})
+    result = handle_ended_job(
+        db_session, forgotten, PipelineDeps(settings=Settings(), prober=None, files=files)
+    )
+    assert files.paths_read == ["/home/alice/torchrun-example-5702.out"]
+    assert (result.outcome, result.detail) == ("completed", "verified")
+    proposal = db_session.get(ProposalRow, first.proposal_id)
+    assert proposal is not None
+    assert proposal.state == ProposalState.VERIFIED.value
