@@ -100,12 +100,6 @@ EXPECTED = {
     "faulty-node": Expect("hardware", "drain_and_exclude", waits=False),
     "cotenant": Expect("cotenant", "exclude_node", waits=False),
 }
-# Found by this suite (reported): the first move for a true OOM mid-run is
-# micro-batch down with grad-accum up; the daemon's first rung for this preset is not that
-# (at 04:15 it was diagnosed fragmentation; at 04:45 true_oom with sharding_up first).
-MIDRUN_MISREAD = pytest.mark.xfail(
-    strict=True, reason="true-oom-midrun: first rung is not micro_batch_down (reported)"
-)
 LOOP_TIMEOUT_S = 150
 # The dev cluster's slurm.conf: slurmctld forgets an ended job after this long.
 MIN_JOB_AGE_S = 5
@@ -271,15 +265,7 @@ def check_closed_loop(run: Run) -> None:
     assert positions == sorted(positions), story
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(scenario.name, marks=MIDRUN_MISREAD)
-        if scenario.name == "true-oom-midrun"
-        else scenario.name
-        for scenario in HEALTHY
-    ],
-)
+@pytest.mark.parametrize("name", [scenario.name for scenario in HEALTHY])
 def test_scenario_closes_its_loop(healthy_runs: dict[str, Run], name: str) -> None:
     check_closed_loop(healthy_runs[name])
 
