@@ -9,8 +9,11 @@ so several scenarios run at once on the 2-core nodes.
 Two limits of the daemon this suite found, and how the harness met them. CLI_WRITE_RACE:
 a CLI write (submit, approve) committed while a daemon step was between its first read
 and its first write failed that step, or the CLI command, with "database is locked"
-(fixed in a4f2b87: every SQLite transaction now begins IMMEDIATE); the harness still runs
-a command again on that message, as an operator would. SLURMCTLD_FORGETS: on Slurm 22.05
+(fixed in a4f2b87: every SQLite transaction now begins IMMEDIATE). That made every reader
+queue for the write lock behind daemon steps that held it through sacct and SSH probes, and
+the harness's own reads failed after the busy timeout (fixed: read-only sessions begin
+DEFERRED, and daemon steps end their reads before slow I/O). The harness still runs a
+command again on that message, as an operator would. SLURMCTLD_FORGETS: on Slurm 22.05
 only slurmctld knows a job's output path, and the dev cluster forgets ended jobs after
 MinJobAge=5 s; a job handled later was diagnosed `unknown` for want of its log (the test
 `test_a_death_seen_after_slurmctld_forgot_the_job_is_still_diagnosed` now holds the
