@@ -97,9 +97,9 @@ def make_session_factory(engine: Engine, *, read_only: bool = False) -> sessionm
         bind=engine.execution_options(**{_READ_ONLY: True}), expire_on_commit=False
     )
 
+    # SQLAlchemy calls before_flush only when something is new, changed or deleted.
     @event.listens_for(factory, "before_flush")
-    def _refuse_writes(session: Session, _context: Any, _instances: Any) -> None:
-        if session.new or session.dirty or session.deleted:
-            raise ReadOnlySessionError("a read-only session of the record cannot write")
+    def _refuse_writes(_session: Session, _context: Any, _instances: Any) -> None:
+        raise ReadOnlySessionError("a read-only session of the record cannot write")
 
     return factory
