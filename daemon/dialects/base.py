@@ -20,8 +20,8 @@ RECOMPUTE_NONE = "none"
 RECOMPUTE_SELECTIVE = "selective"
 RECOMPUTE_FULL = "full"
 
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 _MAX_TEXT = 4096
 
 
