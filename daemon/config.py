@@ -3,22 +3,31 @@
 Each option is declared once, here. The file is `/etc/slurm-medic/config.toml` unless
 `--config` or `SLURM_MEDIC_CONFIG` names another; nested environment names use `__`
 (`SLURM_MEDIC_POLICY__DRY_RUN=true`). Everything is validated at start-up, and a bad value is
-refused with the option's dotted name, so a daemon never starts half-configured.
+refused with the option's dotted name, so a daemon never starts half-configured; so is a
+`SLURM_MEDIC_` variable that names no option, which would otherwise be ignored in silence.
+
+A process that runs as root for someone else (under sudo, or set-user/group-id) takes its
+policy and its record from the system file alone: `load_settings` refuses `--config`,
+`--database`, setting flags and every `SLURM_MEDIC_` variable there, since whoever ran sudo
+chose them (deploy/README.md, "Privilege model").
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -30,8 +39,14 @@ from daemon.store.settings import DEFAULT_STATE_DIR, StoreSettings
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-medic/config.toml")
 CONFIG_ENV = "SLURM_MEDIC_CONFIG"
 ENV_PREFIX = "SLURM_MEDIC_"
+# sudo's record of who ran it; believed only in a process whose real uid is root, which no
+# one but root (or sudo acting for someone) can start.
+SUDO_UID_ENV = "SUDO_UID"
+_UID = re.compile(r"[0-9]{1,10}\Z")
 
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]
+# Checked with Python's engine (see `_Section`): `\Z` is the very end, so a trailing newline
+# is refused whatever the engine's idea of `$`.
+Name = Annotated[str, StringConstraints(pattern=r"\A[A-Za-z0-9_.@-]{1,64}\Z")]
 
 # States a finished-job poll asks accounting for: what a training job dies of, and COMPLETED,
 # which is how a relaunch being verified usually ends.
@@ -49,8 +64,17 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file and every bad option."""
 
 
+class PrivilegeError(ConfigError):
+    """A setting chosen by someone who is not really root, in a process that runs as root."""
+
+
+class DatabaseUrlError(ConfigError):
+    """The `--database` URL is not one the record supports."""
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # pydantic's default engine (Rust) has no `\Z`; Python's is the one the project writes for.
+    model_config = ConfigDict(frozen=True, extra="forbid", regex_engine="python-re")
 
 
 class WatcherSettings(_Section):
@@ -174,16 +198,100 @@ def config_path(flag: str | os.PathLike[str] | None, environ: Mapping[str, str])
     return DEFAULT_CONFIG_PATH
 
 
+@dataclass(frozen=True)
+class ProcessIds:
+    """The process's real and effective ids, as the kernel reports them."""
+
+    uid: int
+    euid: int
+    gid: int
+    egid: int
+
+    @classmethod
+    def current(cls) -> ProcessIds:
+        return cls(uid=os.getuid(), euid=os.geteuid(), gid=os.getgid(), egid=os.getegid())
+
+
+def sudo_caller(environ: Mapping[str, str], real_uid: int) -> int | None:
+    """The uid that ran sudo when this root process runs for them; None for anyone else.
+
+    Believed only when the real uid is root: a user may set SUDO_UID in their own
+    environment, but only sudo starts a root process for them. A SUDO_UID that is not
+    ASCII digits was not written by sudo, so it is ignored.
+    """
+    raw = environ.get(SUDO_UID_ENV, "")
+    if real_uid != 0 or not _UID.match(raw) or int(raw) == 0:
+        return None
+    return int(raw)
+
+
+def confinement(environ: Mapping[str, str], ids: ProcessIds | None = None) -> str | None:
+    """Why this process must take policy and record from the system config alone.
+
+    None when it runs as itself: really root, or a user with only their own rights.
+    """
+    ids = ProcessIds.current() if ids is None else ids
+    if ids.uid != ids.euid or ids.gid != ids.egid:
+        return (
+            f"slurm-medic runs set-user/group-id (real uid {ids.uid}, effective uid {ids.euid},"
+            f" real gid {ids.gid}, effective gid {ids.egid})"
+        )
+    caller = sudo_caller(environ, ids.uid)
+    if caller is not None:
+        return f"slurm-medic runs as root under sudo for uid {caller}"
+    return None
+
+
+def medic_variables(environ: Mapping[str, str]) -> list[str]:
+    """The environment's SLURM_MEDIC_ names, in any case (pydantic-settings ignores case)."""
+    return sorted(name for name in environ if name.upper().startswith(ENV_PREFIX))
+
+
+def is_known_variable(name: str) -> bool:
+    """SLURM_MEDIC_CONFIG, or a name pydantic-settings maps onto an option of `Settings`."""
+    if name == CONFIG_ENV:  # read by its exact name, unlike the options
+        return True
+    parts = name[len(ENV_PREFIX) :].lower().split("__")
+    model: type[BaseModel] | None = Settings
+    for part in parts:
+        if model is None or part not in model.model_fields:
+            return False
+        model = _model_of(model.model_fields[part].annotation)
+    return True
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    """The section model an option holds (`ProbeSettings | None` holds ProbeSettings)."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def load_settings(
     config: str | os.PathLike[str] | None = None,
     *,
+    database: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Read and validate the config; `overrides` are the command line's flags (highest).
+    """Read and validate the config; `database` (a URL) and `overrides` are the command
+    line's flags (highest).
 
     A file named by flag or environment must exist; the default file may be absent (every
-    option then has its default). Raises `ConfigError` naming each bad option.
+    option then has its default). Raises `PrivilegeError` when a process running as root
+    for someone else is given any setting but the system file's, and `ConfigError` naming
+    each bad option or unknown SLURM_MEDIC_ variable.
     """
+    _check_privilege(config, database, overrides or {}, os.environ)
+    unknown = [name for name in medic_variables(os.environ) if not is_known_variable(name)]
+    if unknown:
+        raise ConfigError(
+            f"unknown environment variable(s) {', '.join(unknown)}: SLURM_MEDIC_ names"
+            f" {CONFIG_ENV} or an option, as SLURM_MEDIC_<SECTION>__<OPTION>"
+        )
+    flags = dict(overrides or {})
+    if database is not None:
+        flags["store"] = {**flags.get("store", {}), "url": _checked_database_url(database)}
     path = config_path(config, os.environ)
     named = config is not None or bool(os.environ.get(CONFIG_ENV))
     in_use: Path | None = None
@@ -197,9 +305,53 @@ def load_settings(
         model_config = SettingsConfigDict(toml_file=in_use)
 
     try:
-        return FileSettings(**dict(overrides or {}))
+        return FileSettings(**flags)
     except ValidationError as error:
         raise ConfigError(_describe(in_use, error)) from error
+    except SettingsError as error:
+        # A SLURM_MEDIC_ value that is not the JSON a section needs.
+        cause = f": {error.__cause__}" if error.__cause__ else ""
+        raise ConfigError(f"environment: {error}{cause}") from error
+
+
+def _check_privilege(
+    config: str | os.PathLike[str] | None,
+    database: str | None,
+    overrides: Mapping[str, Any],
+    environ: Mapping[str, str],
+) -> None:
+    """Refuse what the caller chose when root runs for someone else; ignoring it in silence
+    would leave them thinking it took effect."""
+    reason = confinement(environ)
+    if reason is None:
+        return
+    given = [
+        *(["--config"] if config is not None else []),
+        *(["--database"] if database is not None else []),
+        *(f"the setting {name}" for name in _dotted(overrides)),
+        *medic_variables(environ),
+    ]
+    if given:
+        raise PrivilegeError(
+            f"{reason}: only the system config {DEFAULT_CONFIG_PATH} decides policy and the"
+            f" record there; refused: {', '.join(given)}"
+        )
+
+
+def _dotted(overrides: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            yield from _dotted(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _checked_database_url(url: str) -> str:
+    try:
+        return StoreSettings(url=url).url
+    except ValidationError as error:
+        problems = "; ".join(str(item["msg"]) for item in error.errors())
+        raise DatabaseUrlError(f"{url!r}: {problems}") from error
 
 
 def _check_toml(path: Path) -> None:

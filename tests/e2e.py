@@ -42,6 +42,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from daemon import process
+from daemon.config import DEFAULT_CONFIG_PATH
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Action, AuditEvent, Incident, Lineage, Proposal
 from daemon.store.settings import StoreSettings
@@ -116,6 +117,28 @@ def _replace_line(toml: str, prefix: str, line: str) -> str:
         raise ValueError(f"template.toml has {len(hits)} lines starting {prefix!r}")
     lines[hits[0]] = line
     return "\n".join(lines) + "\n"
+
+
+def with_system_config(config: Path, argv: Sequence[str]) -> list[str]:
+    """`argv` run with `config` as the system config, without touching the host's /etc.
+
+    Under sudo slurm-medic reads /etc/slurm-medic/config.toml and nothing else, so a
+    person's command runs in a private mount namespace where `config`'s directory is
+    bind-mounted over /etc/slurm-medic; the mount ends with the command. The mount point is
+    created (empty) when the host has none. Arguments travel as argv, never through a shell
+    string.
+    """
+    if config.name != DEFAULT_CONFIG_PATH.name:
+        raise ValueError(f"{config} must be named {DEFAULT_CONFIG_PATH.name}")
+    DEFAULT_CONFIG_PATH.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    mount_then_run = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return [
+        *("unshare", "--mount", "--propagation", "private", "--"),
+        *("sh", "-c", mount_then_run, "sh"),
+        str(config.parent.resolve()),
+        str(DEFAULT_CONFIG_PATH.parent),
+        *argv,
+    ]
 
 
 @dataclass
@@ -219,17 +242,36 @@ class Medic:
     def cli(
         self, *args: str, as_user: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        """One `slurm-medic` command on this record; fails loudly with its output."""
-        # `sudo slurm-medic approve` as the person: the CLI takes them from SUDO_UID.
-        person = {} if as_user is None else {"SUDO_UID": str(pwd.getpwnam(as_user).pw_uid)}
+        """One `slurm-medic` command on this record; fails loudly with its output.
+
+        As root it names the config in SLURM_MEDIC_CONFIG. For `as_user` it runs as
+        `sudo slurm-medic ...` would for that person: SUDO_UID set, no SLURM_MEDIC_ variable
+        (sudo resets the environment, and the CLI refuses them under sudo), and this
+        record's config read from the system path, /etc/slurm-medic/config.toml.
+        """
+        if as_user is None:
+            argv = [str(MEDIC), *args]
+            # Root itself, even when the harness was started through sudo.
+            env = {
+                name: value for name, value in os.environ.items() if not name.startswith("SUDO_")
+            }
+            env["SLURM_MEDIC_CONFIG"] = str(self.config)
+        else:
+            argv = with_system_config(self.config, [str(MEDIC), *args])
+            env = {
+                name: value
+                for name, value in os.environ.items()
+                if not name.startswith(("SUDO_", "SLURM_MEDIC_"))
+            }
+            env |= {"SUDO_UID": str(pwd.getpwnam(as_user).pw_uid), "SUDO_USER": as_user}
         for attempt in range(1, LOCKED_RETRIES + 1):
             done = subprocess.run(
-                [str(MEDIC), *args],
+                argv,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
                 check=False,
-                env={**os.environ, **person, "SLURM_MEDIC_CONFIG": str(self.config)},
+                env=env,
                 cwd=self.work_dir,
             )
             # CLI_WRITE_RACE: an operator would run the command again; so does the harness.

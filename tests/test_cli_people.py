@@ -6,10 +6,13 @@ from __future__ import annotations
 import grp
 import json
 import pwd
+import socket
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner, Result
@@ -30,9 +33,10 @@ from daemon.evidence.records import (
 )
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
-from daemon.store.engine import make_session_factory
+from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Proposal
 from daemon.store.schema import upgrade
+from daemon.store.settings import StoreSettings, sqlite_url
 from daemon.store.states import ProposalState
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -234,8 +238,13 @@ def seeded(empty_db_engine: Engine, tmp_path: Path) -> Seeded:
 
 
 def _cli(seeded: Seeded, *args: str, sudo_uid: int | None = None) -> Result:
+    """As root with `--config`; with `sudo_uid`, as sudo runs it for that user, where only the
+    system config counts (`--config` is refused there): the seeded config stands in for it."""
     env = {"COLUMNS": "250", "SUDO_UID": str(sudo_uid) if sudo_uid is not None else ""}
-    return CliRunner().invoke(main, [*args, "--config", str(seeded.config)], env=env)
+    if sudo_uid is None:
+        return CliRunner().invoke(main, [*args, "--config", str(seeded.config)], env=env)
+    with mock.patch("daemon.config.DEFAULT_CONFIG_PATH", seeded.config):
+        return CliRunner().invoke(main, list(args), env=env)
 
 
 def _json(result: Result) -> Any:
@@ -468,3 +477,105 @@ def test_nodes_lists_medic_drains_and_refuses_to_resume_others(
     assert "no slurm-medic drain of gpu-04" in refused.output
     assert _cli(seeded, "nodes", "resume", "-gpu-03").exit_code == 2
     assert _cli(seeded, "nodes", "resume", "gpu-03", sudo_uid=ALICE_UID).exit_code == 3
+
+
+# ---------------------------------------------------------------- a record that cannot be used
+
+
+def _on(config: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, [*args, "--config", str(config)], env={"SUDO_UID": ""})
+
+
+def _one_line(result: Result) -> str:
+    """The command ended with one line for a person, never a traceback."""
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert result.output.count("\n") == 1, result.output
+    return result.output
+
+
+@pytest.mark.parametrize(
+    "args", [["status"], ["history"], ["show", "L1"], ["nodes"], ["approve", "1"], ["pause"]]
+)
+def test_no_command_but_db_upgrade_creates_the_record(tmp_path: Path, args: list[str]) -> None:
+    database = tmp_path / "medic.db"
+    config = _write_config(tmp_path / "config.toml", f"sqlite:///{database}")
+    result = _on(config, *args)
+    assert result.exit_code == 4
+    assert f"no record at {database}: run `slurm-medic db upgrade`" in _one_line(result)
+    assert not database.exists()
+    current = _on(config, "db", "current")
+    assert current.exit_code == 1
+    assert f"current: empty (no record at {database}" in current.output
+    assert not database.exists()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("problem", "said"),
+    [
+        ("corrupt", "file is not a database"),
+        ("directory", "medic.db is not a file"),
+        ("no schema", "has no schema; run `slurm-medic db upgrade`"),
+        ("postgres down", "Connection refused"),
+    ],
+)
+def test_a_record_that_cannot_be_used_is_one_line_and_exit_4(
+    tmp_path: Path, problem: str, said: str
+) -> None:
+    database = tmp_path / "medic.db"
+    url = f"sqlite:///{database}"
+    if problem == "corrupt":
+        database.write_bytes(b"not a database, whatever the name says " * 100)
+    elif problem == "directory":
+        database.mkdir()
+    elif problem == "no schema":
+        database.touch()
+    else:
+        url = f"postgresql://medic:s3cret@127.0.0.1:{_closed_port()}/medic"
+    config = _write_config(tmp_path / "config.toml", url)
+    for args in (["status"], ["show", "L1", "--json"], ["reject", "1", "--why", "no"]):
+        result = _on(config, *args)
+        assert result.exit_code == 4, result.output
+        assert said in _one_line(result)
+        assert "s3cret" not in result.output
+
+
+def test_a_locked_record_is_one_line_the_harness_can_retry_on(tmp_path: Path) -> None:
+    database = tmp_path / "medic.db"
+    engine = make_engine(StoreSettings(url=sqlite_url(database)))
+    upgrade(engine)
+    engine.dispose()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{database}"\nsqlite_busy_timeout_ms = 50\n')
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = _on(config, "pause", "--why", "driver upgrade")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.exit_code == 4
+    assert "database is locked" in _one_line(result)
+
+
+def test_db_failures_are_one_line_and_exit_4(tmp_path: Path) -> None:
+    database = tmp_path / "medic.db"
+    config = _write_config(tmp_path / "config.toml", f"sqlite:///{database}")
+    unknown = _on(config, "db", "upgrade", "nosuch")
+    assert unknown.exit_code == 4
+    assert "migration refused: Can't locate revision identified by 'nosuch'" in _one_line(unknown)
+    nowhere = _write_config(tmp_path / "nowhere.toml", f"sqlite:///{tmp_path}/absent/medic.db")
+    unreachable = _on(nowhere, "db", "upgrade")
+    assert unreachable.exit_code == 4
+    assert "unable to open database file" in _one_line(unreachable)
+    missing = _write_config(tmp_path / "missing.toml", f"sqlite:///{tmp_path}/missing.db")
+    downgrade = _on(missing, "db", "downgrade", "base")
+    assert downgrade.exit_code == 4
+    assert "no record at" in _one_line(downgrade)
+    assert not (tmp_path / "missing.db").exists()

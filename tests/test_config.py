@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from daemon.cli import main
 from daemon.config import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
     ManagedSettings,
     config_path,
+    is_known_variable,
     load_settings,
 )
 from daemon.slurm.records import JobState
@@ -100,3 +104,58 @@ def test_managed_matches_any_of_account_partition_user() -> None:
     assert managed.matches(account=None, partition="gpu", user="dave")
     assert managed.matches(account=None, partition=None, user="carol")
     assert not managed.matches(account="physics", partition="cpu", user="dave")
+
+
+def test_an_unknown_medic_variable_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt option would otherwise be ignored, and the daemon run on the default."""
+    path = write(tmp_path, "[policy]\ndry_run = true\n")
+    monkeypatch.setenv("SLURM_MEDIC_POLICY__DRY_RUNN", "false")
+    monkeypatch.setenv("slurm_medic_bogus", "1")  # pydantic-settings reads names in any case
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert "SLURM_MEDIC_POLICY__DRY_RUNN" in str(caught.value)
+    assert "slurm_medic_bogus" in str(caught.value)
+
+
+def test_the_known_medic_variables_are_the_options_and_the_config_file() -> None:
+    for name in (
+        "SLURM_MEDIC_CONFIG",
+        "SLURM_MEDIC_HOOK_SOCKET",  # the epilog hook's, and the daemon's hook_socket
+        "SLURM_MEDIC_STORE__URL",
+        "SLURM_MEDIC_STORE",  # a whole section, as JSON
+        "SLURM_MEDIC_PROBE__KEY_PATH",  # inside an optional section
+        "slurm_medic_policy__dry_run",
+    ):
+        assert is_known_variable(name), name
+    for name in (
+        "SLURM_MEDIC_UPDATE_GOLDEN",  # the golden tests' switch: no daemon process sees it
+        "SLURM_MEDIC_STORE__URL__HOST",
+        "SLURM_MEDIC_POLICY__",
+        "slurm_medic_config",  # read by its exact name only
+    ):
+        assert not is_known_variable(name), name
+
+
+def test_a_section_that_is_not_json_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_MEDIC_POLICY", "{dry_run: true}")
+    with pytest.raises(ConfigError, match='environment: error parsing value for field "policy"'):
+        load_settings()
+
+
+def test_the_run_command_refuses_an_unknown_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_MEDIC_POLL_INTERVAL", "1")
+    result = CliRunner().invoke(main, ["run", "--once", "--config", str(write(tmp_path, ""))])
+    assert result.exit_code == 2
+    assert "unknown environment variable(s) SLURM_MEDIC_POLL_INTERVAL" in result.output
+
+
+@pytest.mark.parametrize("name", ["clm\n", "clm\nrm", "", "a b", "x" * 65])
+def test_a_name_is_one_short_line_of_safe_characters(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, f"[managed]\nusers = [{json.dumps(name)}]\n")
+    with pytest.raises(ConfigError, match=r"managed\.users\.0"):
+        load_settings(path)
+    assert load_settings(write(tmp_path, '[managed]\nusers = ["clm.x@y-z_1"]\n')).managed.users

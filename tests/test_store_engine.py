@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,19 +14,27 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from daemon.store.engine import (
+    Access,
+    NoRecord,
     ReadOnlySessionError,
+    RecordUnavailable,
     StoreConfigError,
+    describe_failure,
     make_engine,
     make_session_factory,
     normalise_url,
+    record_location,
 )
 from daemon.store.models import Cursor
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer
 
 
-def _sqlite(tmp_path: Path, **options: object) -> Engine:
-    return make_engine(StoreSettings(url=sqlite_url(tmp_path / "medic.db"), **options))  # type: ignore[arg-type]
+def _sqlite(tmp_path: Path, access: Access = Access.CREATE, **options: object) -> Engine:
+    return make_engine(
+        StoreSettings(url=sqlite_url(tmp_path / "medic.db"), **options),  # type: ignore[arg-type]
+        access=access,
+    )
 
 
 def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
@@ -160,3 +170,68 @@ def test_default_url_is_under_the_state_directory() -> None:
 def test_other_databases_are_refused() -> None:
     with pytest.raises(ValidationError, match="sqlite and postgresql"):
         StoreSettings(url="mysql://h/db")
+
+
+# ---------------------------------------------------------------- opening only what is there
+
+
+def test_a_reader_or_writer_never_creates_the_record(tmp_path: Path) -> None:
+    for access in (Access.READ, Access.WRITE):
+        with pytest.raises(
+            NoRecord, match=r"no record at .*medic\.db: run `slurm-medic db upgrade`"
+        ):
+            _sqlite(tmp_path, access=access)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_where_the_record_should_be_is_named(tmp_path: Path) -> None:
+    (tmp_path / "medic.db").mkdir()
+    with pytest.raises(RecordUnavailable, match=r"medic\.db is not a file"):
+        _sqlite(tmp_path, access=Access.READ)
+
+
+def test_a_reader_opens_sqlite_read_only(tmp_path: Path) -> None:
+    writer = _sqlite(tmp_path)
+    with writer.begin() as connection:
+        connection.execute(text("CREATE TABLE t (v INTEGER)"))
+        connection.execute(text("INSERT INTO t VALUES (1)"))
+    reader = _sqlite(tmp_path, access=Access.READ)
+    with reader.connect() as connection:
+        assert connection.execute(text("SELECT v FROM t")).scalar_one() == 1
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    with pytest.raises(OperationalError, match="readonly database"), reader.begin() as connection:
+        connection.execute(text("INSERT INTO t VALUES (2)"))
+    assert record_location(reader.url) == str(tmp_path / "medic.db")
+    reader.dispose()
+    writer.dispose()
+
+
+def test_an_odd_file_name_survives_the_uri(tmp_path: Path) -> None:
+    """Characters a `file:` URI reads as syntax are quoted (a `?` cannot be in the URL at all)."""
+    odd = tmp_path / "a b%20c#d&mode=rwc.db"
+    make_engine(StoreSettings(url=sqlite_url(odd))).connect().close()
+    reader = make_engine(StoreSettings(url=sqlite_url(odd)), access=Access.WRITE)
+    with reader.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA database_list").all()[0][2] == str(odd)
+    reader.dispose()
+
+
+def test_a_failure_is_one_line_without_the_password() -> None:
+    with socket.socket() as probe:  # a local port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = make_engine(StoreSettings(url=f"postgresql://medic:s3cret@127.0.0.1:{port}/medic"))
+    with pytest.raises(OperationalError) as caught, engine.connect():
+        pass
+    line = describe_failure(caught.value, engine.url)
+    assert "\n" not in line
+    assert line.startswith(f"the record at postgresql+psycopg://medic:***@127.0.0.1:{port}/medic")
+    assert "Connection refused" in line
+    assert "s3cret" not in line
+    engine.dispose()
+
+
+def test_a_missing_postgres_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(RecordUnavailable, match=r"install slurm-medic\[postgres\]"):
+        make_engine(StoreSettings(url="postgresql://medic@db-host/medic"))

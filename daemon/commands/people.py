@@ -1,17 +1,22 @@
 """The commands for people: status, history, show, approve, reject, nodes, pause, resume.
 
 Each reads and writes the record through the repository functions, prints a table or a story
-for a person or, with `--json`, one JSON document for a script. Who is acting is taken from
-the operating system, never from a flag: the real uid, or under `sudo` the uid that ran sudo
-(`SUDO_UID` is believed only when we are root, since only sudo can have set it then). A
-decision is allowed to the job's owner, a member of `policy.admin_groups`, or root itself;
-each decision and each refused attempt is an audit event naming the person.
+for a person or, with `--json`, one JSON document for a script; either way every string from
+the record is printed inertly (`terminal`). Who is acting is taken from the operating system,
+never from a flag: the real uid, or under `sudo` the uid that ran sudo (`SUDO_UID` is
+believed only when we are root, since only sudo can have set it then). A decision is allowed
+to the job's owner, a member of `policy.admin_groups`, or root itself; under sudo the groups
+come from the system config alone (`config.load_settings` refuses any other). Each decision
+and each refused attempt is an audit event naming the person.
+
+Exit codes: 0 done; 1 not in the record, or a config that cannot be read; 2 usage, or an
+option or variable refused under sudo; 3 not allowed; 4 the record cannot be used
+(missing, unreachable, locked, corrupt, or at another schema).
 """
 
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
 import re
@@ -26,19 +31,19 @@ from rich.console import Console
 from sqlalchemy.orm import Session
 
 from daemon.commands import story
-from daemon.config import ConfigError, Settings, load_settings
+from daemon.commands.db import cli_settings, record_engine
+from daemon.commands.terminal import printable_document, printable_json
+from daemon.config import Settings, sudo_caller
 from daemon.diagnosis import FailureKind
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.scontrol import resume_argv, validate_node_name
 from daemon.store import repository as repo
-from daemon.store.engine import StoreConfigError, make_engine, make_session_factory
+from daemon.store.engine import Access, make_session_factory
 from daemon.store.models import ActionKind, Incident, NodeEvent, NodeEventKind, Proposal
-from daemon.store.schema import SchemaBehind, check_schema_current
-from daemon.store.settings import StoreSettings
+from daemon.store.schema import check_schema_current
 from daemon.store.states import IllegalTransition, ProposalState
 
-_DIGITS = re.compile(r"[0-9]{1,10}\Z")
 _LINEAGE_REF = re.compile(r"[Ll](?:ineage)?[:/]?([0-9]{1,10})\Z")
 _JOB_REF = re.compile(r"([0-9]{1,19})\Z")
 _RELATIVE = re.compile(r"([0-9]{1,6})([mhdw])\Z")
@@ -69,10 +74,10 @@ def invoking_person(environ: Mapping[str, str] | None = None, uid: int | None = 
     """The person behind this process: sudo's caller when root ran through sudo."""
     environ = os.environ if environ is None else environ
     real = os.getuid() if uid is None else uid
-    sudo_uid = environ.get("SUDO_UID", "")
     is_root = real == 0
-    if real == 0 and _DIGITS.match(sudo_uid) and int(sudo_uid) != 0:
-        real, is_root = int(sudo_uid), False
+    caller = sudo_caller(environ, real)
+    if caller is not None:
+        real, is_root = caller, False
     try:
         entry = pwd.getpwuid(real)
     except KeyError as error:
@@ -125,42 +130,27 @@ def _record_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return _config_option(_database_option(_json_option(command)))
 
 
-def _settings(config_path: str | None) -> Settings:
-    try:
-        return load_settings(config_path)
-    except ConfigError as error:
-        raise click.ClickException(str(error)) from error
-
-
 @contextmanager
-def _record(
-    settings: Settings, database_url: str | None, *, read_only: bool = False
-) -> Iterator[Session]:
+def _record(settings: Settings, *, read_only: bool = False) -> Iterator[Session]:
     """A session on the record at this code's schema; the engine is closed afterwards.
 
-    Commands that only read take a read-only session: they answer while a daemon step holds
-    SQLite's write lock, and cannot write by mistake.
+    Commands that only read open SQLite read-only and take a read-only session: they never
+    create a record, answer while a daemon step holds SQLite's write lock, and cannot write
+    by mistake. No command creates a missing record; `db upgrade` does.
     """
-    try:
-        store = settings.store if database_url is None else StoreSettings(url=database_url)
-        engine = make_engine(store)
-    except (ValueError, StoreConfigError) as error:
-        raise click.BadParameter(str(error), param_hint="--database") from error
-    try:
+    access = Access.READ if read_only else Access.WRITE
+    with record_engine(settings, access=access) as engine:
         check_schema_current(engine)
         with make_session_factory(engine, read_only=read_only)() as session:
             yield session
-    except SchemaBehind as error:
-        raise click.ClickException(str(error)) from error
-    finally:
-        engine.dispose()
 
 
-def _emit(as_json: bool, document: object, render: Callable[[Console], None]) -> None:
+def _emit(as_json: bool, document: Any, render: Callable[[Console, Any], None]) -> None:
+    """Print the document for a script or a person; user text reaches neither raw."""
     if as_json:
-        click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+        click.echo(printable_json(document))
         return
-    render(Console(highlight=False, soft_wrap=True))
+    render(Console(highlight=False, soft_wrap=True), printable_document(document))
 
 
 # ---------------------------------------------------------------- status
@@ -170,8 +160,8 @@ def _emit(as_json: bool, document: object, render: Callable[[Console], None]) ->
 @_record_options
 def status_command(config_path: str | None, database_url: str | None, as_json: bool) -> None:
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
-    settings = _settings(config_path)
-    with _record(settings, database_url, read_only=True) as session:
+    settings = cli_settings(config_path, database_url)
+    with _record(settings, read_only=True) as session:
         flag = repo.pause_flag(session)
         document = {
             "paused": bool(flag and flag.value),
@@ -203,7 +193,7 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
             ],
             "drains": [_drain_document(event) for event in repo.drains_in_force(session)],
         }
-    _emit(as_json, document, lambda console: _print_status(console, document))
+    _emit(as_json, document, _print_status)
 
 
 def _pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
@@ -324,8 +314,8 @@ def history_command(
     """Failures slurm-medic analysed, newest first, with what was proposed for each."""
     now = datetime.now(UTC)
     since = parse_since(since_text, now)
-    settings = _settings(config_path)
-    with _record(settings, database_url, read_only=True) as session:
+    settings = cli_settings(config_path, database_url)
+    with _record(settings, read_only=True) as session:
         incidents = repo.find_incidents(
             session,
             since=since,
@@ -364,7 +354,11 @@ def history_command(
             for incident in incidents
         ]
     document = {"since": story.when(since), "incidents": rows}
-    _emit(as_json, document, lambda console: console.print(_history_table(rows)))
+    _emit(
+        as_json,
+        document,
+        lambda console, shown: console.print(_history_table(shown["incidents"])),
+    )
 
 
 def _history_table(rows: list[dict[str, Any]]) -> Any:
@@ -399,8 +393,8 @@ def show_command(
     Each attempt, the evidence, the diagnosis and its reasons, the proposal and the diff
     that was applied, who decided and why, and the outcome.
     """
-    settings = _settings(config_path)
-    with _record(settings, database_url, read_only=True) as session:
+    settings = cli_settings(config_path, database_url)
+    with _record(settings, read_only=True) as session:
         lineage = _LINEAGE_REF.match(reference.strip())
         if lineage:
             try:
@@ -419,7 +413,7 @@ def show_command(
             if found is None:
                 raise click.ClickException(f"job {job.group(1)} is not in the record")
             document = found
-    _emit(as_json, document, lambda console: story.print_story(console, document))
+    _emit(as_json, document, story.print_story)
 
 
 # ---------------------------------------------------------------- decisions
@@ -434,9 +428,9 @@ def _decide(
     database_url: str | None,
     as_json: bool,
 ) -> None:
-    settings = _settings(config_path)
+    settings = cli_settings(config_path, database_url)
     person = invoking_person()
-    with _record(settings, database_url) as session:
+    with _record(settings) as session:
         proposal = session.get(Proposal, proposal_id)
         if proposal is None:
             raise click.ClickException(f"no proposal {proposal_id} in the record")
@@ -485,8 +479,9 @@ def _decide(
     _emit(
         as_json,
         document,
-        lambda console: console.print(
-            f"proposal {proposal_id} {to.value} by {person.name} ({grounds})", markup=False
+        lambda console, shown: console.print(
+            f"proposal {proposal_id} {to.value} by {shown['by']} ({shown['grounds']})",
+            markup=False,
         ),
     )
 
@@ -546,15 +541,15 @@ def _require_admin(person: Person, settings: Settings, what: str) -> str:
 def _set_pause(
     paused: bool, why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
-    settings = _settings(config_path)
+    settings = cli_settings(config_path, database_url)
     person = invoking_person()
     _require_admin(person, settings, "pause or resume slurm-medic")
-    with _record(settings, database_url) as session:
+    with _record(settings) as session:
         repo.set_paused(session, paused=paused, actor=person.actor, reason=why)
         session.commit()
     document = {"paused": paused, "by": person.name, "reason": why}
     word = "paused: proposals are recorded, nothing is acted on" if paused else "resumed"
-    _emit(as_json, document, lambda console: console.print(f"slurm-medic {word}", markup=False))
+    _emit(as_json, document, lambda console, _: console.print(f"slurm-medic {word}", markup=False))
 
 
 @click.command("pause")
@@ -590,10 +585,12 @@ def nodes_group(
     """Nodes drained by slurm-medic and still drained; `nodes resume NODE` clears one."""
     if context.invoked_subcommand is not None:
         return
-    settings = _settings(config_path)
-    with _record(settings, database_url, read_only=True) as session:
+    settings = cli_settings(config_path, database_url)
+    with _record(settings, read_only=True) as session:
         drains = [_drain_document(event) for event in repo.drains_in_force(session)]
-    _emit(as_json, {"drains": drains}, lambda console: _print_drains(console, drains))
+    _emit(
+        as_json, {"drains": drains}, lambda console, shown: _print_drains(console, shown["drains"])
+    )
 
 
 @nodes_group.command("resume")
@@ -608,10 +605,10 @@ def nodes_resume_command(
         validate_node_name(node)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="NODE") from error
-    settings = _settings(config_path)
+    settings = cli_settings(config_path, database_url)
     person = invoking_person()
     _require_admin(person, settings, "resume a node")
-    with _record(settings, database_url) as session:
+    with _record(settings) as session:
         if node not in {event.node for event in repo.drains_in_force(session)}:
             raise NotAllowed(f"the record holds no slurm-medic drain of {node} in force")
         argv = resume_argv(node)
@@ -645,4 +642,4 @@ def nodes_resume_command(
         )
         session.commit()
     document = {"node": node, "resumed": True, "by": person.name, "action": action.id}
-    _emit(as_json, document, lambda console: console.print(f"{node} resumed", markup=False))
+    _emit(as_json, document, lambda console, _: console.print(f"{node} resumed", markup=False))

@@ -3,7 +3,8 @@
 `show` and `history` build these documents from the record and print either the document
 (`--json`, for scripts) or the rendering: both come from the same data, so what a script
 reads is what a person reads. Every string from outside (job names, log lines, rationale)
-is printed through rich's escaping, never as markup.
+is printed through `terminal.printable` (control characters, bidi overrides and zero-width
+characters shown as escapes) and rich's escaping, never as markup.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.orm import Session
 
+from daemon.commands.terminal import printable, printable_document
 from daemon.evidence.records import OomReport
 from daemon.store import repository as repo
 from daemon.store.codec import CodecError
@@ -273,6 +275,7 @@ def _outcome(job: Job, incidents: Sequence[Incident], proposals: Sequence[Propos
 
 
 def print_story(console: Console, document: Document) -> None:
+    document = printable_document(document)
     lineage = document["lineage"]
     if lineage is not None:
         console.print(
@@ -362,10 +365,11 @@ def _proposal_lines(proposal: Document) -> Iterable[RenderableType]:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
-    """A table of plain text cells: markup in a job name is shown, never interpreted."""
+    """A table of plain text cells: markup or an escape sequence in a job name is shown,
+    never interpreted."""
     result = Table(title=title, title_justify="left")
     for column in columns:
         result.add_column(column)
     for row in rows:
-        result.add_row(*(escape("-" if cell is None else str(cell)) for cell in row))
+        result.add_row(*(escape(printable("-" if cell is None else str(cell))) for cell in row))
     return result

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-UPGRADE_COMMAND = "slurm-medic db upgrade"
+from daemon.store.engine import UPGRADE_COMMAND, record_location
 
 
 class SchemaBehind(RuntimeError):
@@ -70,8 +70,7 @@ def check_schema_current(engine: Engine) -> None:
         return
     if current is None:
         raise SchemaBehind(
-            f"the record at {engine.url.render_as_string(hide_password=True)} has no schema;"
-            f" run `{UPGRADE_COMMAND}`"
+            f"the record at {record_location(engine.url)} has no schema; run `{UPGRADE_COMMAND}`"
         )
     known = {
         script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()
