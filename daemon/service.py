@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import pwd
 import signal
 import socket
 import sys
@@ -27,15 +28,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from daemon import process
 from daemon.actions import ActDeps, act_on_approved
+from daemon.commands.diagnose import OUTSIDE_ALLOCATION
 from daemon.config import Settings
 from daemon.evidence.prober import NodeProber
-from daemon.hook import HookError, HookListener
+from daemon.evidence.records import LogFindings
+from daemon.hook import HookError, HookListener, parse_slurm_user
 from daemon.pipeline import (
     DAEMON,
     JobFiles,
@@ -45,12 +48,12 @@ from daemon.pipeline import (
     read_log_findings,
 )
 from daemon.slurm.backend import CommandRunner, SlurmBackend
-from daemon.slurm.errors import SlurmCommandError, SlurmError
+from daemon.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_engine, make_session_factory
-from daemon.store.models import ActionKind
+from daemon.store.models import ActionKind, AuditEvent, Lineage, Proposal
 from daemon.store.schema import check_schema_current
 from daemon.store.states import ProposalState
 from daemon.verify import FollowDeps, follow_relaunches
@@ -61,7 +64,15 @@ CURSOR = "finished_jobs"
 MAX_JOB_FAILURES = 3
 # A first submission's intent older than this is not looked for again (bounds each cycle).
 FIRST_SUBMISSION_HORIZON = timedelta(days=1)
-SQUEUE_COMMENTS_ARGV = ("squeue", "--noheader", "--all", "--states=all", "--format=%i|%k")
+# JSON, not `--format=%i|%k`: a comment may hold a newline, and with it a forged line.
+SQUEUE_JSON_ARGV = ("squeue", "--json", "--all", "--states=all")
+SCONTROL_CONFIG_ARGV = ("scontrol", "show", "config")
+# The account slurmctld runs as in Debian's and SchedMD's packages: the hook's sender when
+# `scontrol show config` cannot say.
+DEFAULT_SLURM_USER = "slurm"
+# However many datagrams the hook sends, at most one extra cycle a second.
+HOOK_WAKE_INTERVAL_S = 1.0
+VERB_FOREIGN_TOKEN = "token_on_foreign_job"  # noqa: S105 (an audit verb, not a secret)
 # Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
 # error): a reconciliation must find its job whatever became of it.
 ACCOUNTED_STATES = tuple(
@@ -72,15 +83,62 @@ ACCOUNTED_STATES = tuple(
 ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
 
 
-def parse_queue_comments(text: str) -> dict[int, str]:
-    """`squeue --format=%i|%k` lines as job id -> comment; array tasks (`12_3`) and lines
-    that are not a job id are skipped (a relaunch is never an array task)."""
-    comments: dict[int, str] = {}
-    for line in text.splitlines():
-        job_id, separator, comment = line.partition("|")
-        if separator and job_id.strip().isdigit():
-            comments[int(job_id.strip())] = comment.strip()
-    return comments
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job slurmctld holds (live, or ended less than MinJobAge ago), with its owner."""
+
+    job_id: int
+    user: str
+    comment: str
+
+
+def parse_queue_json(text: str) -> tuple[QueuedJob, ...]:
+    """`squeue --json` as jobs with owner and comment; array tasks and records without a
+    plain job id or owner are skipped (a relaunch is never an array task). 22.05 prints
+    plain numbers, 23.11+ may wrap them as `{"set": true, "number": N}`."""
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise SlurmParseError(f"not JSON: {error}", source="squeue --json") from error
+    raw_jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(raw_jobs, list):
+        raise SlurmParseError("no jobs list", source="squeue --json")
+    jobs = []
+    for raw in raw_jobs:
+        if not isinstance(raw, dict):
+            continue
+        job_id = _json_number(raw.get("job_id"))
+        user = raw.get("user_name")
+        comment = raw.get("comment")
+        if _json_number(raw.get("array_task_id")) is not None or job_id is None:
+            continue
+        if not isinstance(user, str) or not user:
+            continue
+        jobs.append(QueuedJob(job_id, user, comment if isinstance(comment, str) else ""))
+    return tuple(jobs)
+
+
+def _json_number(value: object) -> int | None:
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        return None
+    return value
+
+
+def carries_token(comment: str | None, token: str) -> bool:
+    """The token is one whole field of the comment (fields split on white space), never a
+    part of a longer word: `xmedic-ab` or `medic-abc` does not carry `medic-ab`."""
+    return bool(token) and comment is not None and token in comment.split()
+
+
+@dataclass(frozen=True)
+class TokenSearch:
+    """Where Slurm shows a token: the owner's job carrying it, and other users' jobs that
+    carry it too (a copied token: ignored, and noted)."""
+
+    found: int | None
+    foreign: tuple[tuple[int, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------ logging
@@ -287,7 +345,10 @@ class Daemon:
         settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
         for intent in repo.pending_intents(session):
             since = intent.recorded_at - timedelta(minutes=5)
-            found = self._job_with_token(intent.token, since)
+            owner = _relaunch_owner(session, intent.proposal_id)
+            search = self._job_with_token(intent.token, since, owner)
+            _note_foreign(session, search, subject=("proposal", intent.proposal_id), owner=owner)
+            found = search.found
             if found is None and self.clock() - intent.recorded_at < settle:
                 continue  # too young to tell "never submitted" from "not in accounting yet"
             repo.reconcile_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
@@ -300,41 +361,46 @@ class Daemon:
             )
         return closed
 
-    def _job_with_token(self, token: str, since: datetime) -> int | None:
-        """Slurm 22.05 accounting stores a job's comment only when the job ends, so a live
-        relaunch is found in slurmctld's queue (which also keeps ended jobs for MinJobAge),
-        an older one in accounting."""
-        for job_id, comment in self.queue_comments().items():
-            if token in comment:
-                return job_id
-        jobs = self.backend.finished_jobs(since, self.clock(), states=ACCOUNTED_STATES)
-        for job in jobs:
-            if job.comment and token in job.comment:
-                return job.job_id
-        return None
+    def _job_with_token(self, token: str, since: datetime, owner: str | None) -> TokenSearch:
+        """The owner's job whose comment carries the token. Slurm 22.05 accounting stores a
+        job's comment only when the job ends, so a live relaunch is found in slurmctld's
+        queue (which also keeps ended jobs for MinJobAge), an older one in accounting.
 
-    def queue_comments(self) -> dict[int, str]:
-        """Every job slurmctld holds, with its comment (one squeue call)."""
-        result = self.run_command(list(SQUEUE_COMMENTS_ARGV), timeout=self.settings.slurm_timeout_s)
+        Comments are visible to every user (squeue), so anyone may copy a token into a job of
+        their own: only a job of the lineage's owner counts (no owner known, none does)."""
+        carrying = [
+            (job.job_id, job.user)
+            for job in self.queued_jobs()
+            if carries_token(job.comment, token)
+        ]
+        if not any(user == owner for _job_id, user in carrying):
+            jobs = self.backend.finished_jobs(since, self.clock(), states=ACCOUNTED_STATES)
+            carrying += [
+                (job.job_id, job.user) for job in jobs if carries_token(job.comment, token)
+            ]
+        carrying = list(dict.fromkeys(carrying))
+        found = next((job_id for job_id, user in carrying if user == owner), None)
+        foreign = tuple((job_id, user) for job_id, user in carrying if user != owner)
+        return TokenSearch(found, foreign)
+
+    def queued_jobs(self) -> tuple[QueuedJob, ...]:
+        """Every job slurmctld holds, with its owner and comment (one squeue call)."""
+        result = self.run_command(list(SQUEUE_JSON_ARGV), timeout=self.settings.slurm_timeout_s)
         if not result.ok:
             raise SlurmCommandError(
                 "squeue failed",
-                argv=SQUEUE_COMMENTS_ARGV,
+                argv=SQUEUE_JSON_ARGV,
                 returncode=result.returncode,
                 stderr=result.stderr,
             )
-        return parse_queue_comments(result.stdout)
+        return parse_queue_json(result.stdout)
 
     def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
-        from daemon.store.models import Proposal  # noqa: PLC0415
-
         proposal = session.get(Proposal, intent.proposal_id)
         data = proposal.patch if proposal is not None else {}
         revision = data.get("revision")
         if proposal is None or proposal.lineage_id is None or revision is None:
             return
-        from daemon.store.models import Lineage  # noqa: PLC0415
-
         lineage = session.get(Lineage, proposal.lineage_id)
         records.record_lineage_submission(
             session,
@@ -409,7 +475,11 @@ class Daemon:
         for intent in records.open_lineage_intents(session, since=recent):
             if self.clock() - intent.at < settle:
                 continue  # the CLI may still be between sbatch and its own record
-            found = self._job_with_token(intent.token, intent.at - timedelta(minutes=5))
+            lineage = session.get(Lineage, intent.lineage_id)
+            owner = lineage.owner if lineage is not None else None
+            search = self._job_with_token(intent.token, intent.at - timedelta(minutes=5), owner)
+            _note_foreign(session, search, subject=("lineage", intent.lineage_id), owner=owner)
+            found = search.found
             records.close_lineage_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
             cursor = repo.get_cursor(session, name=CURSOR)
             if found is not None and cursor is not None and cursor > intent.at:
@@ -523,7 +593,8 @@ class Daemon:
         running = [job for job in self.backend.running_jobs() if job.job_id in lineage_jobs]
         for job in running:
             full = self.backend.job(job.job_id)
-            if not self._root_failure_seen(full):
+            findings = read_log_findings(full, self.files, wedge.log_tail_bytes)
+            if not root_failure_seen(findings):
                 self._wedge_seen.pop(job.job_id, None)
                 continue
             first = self._wedge_seen.setdefault(job.job_id, now)
@@ -557,18 +628,15 @@ class Daemon:
                 verb="wedged_cancelled",
                 subject_type="job",
                 subject_id=job.job_id,
-                details={"first_seen": first.isoformat(), "grace_s": wedge.grace_s},
+                details={
+                    "first_seen": first.isoformat(),
+                    "grace_s": wedge.grace_s,
+                    "notes": [n for n in findings.notes if n.startswith(OUTSIDE_ALLOCATION)],
+                },
             )
             session.commit()
             self._wedge_seen.pop(job.job_id, None)
             report.wedged_cancelled.append(job.job_id)
-
-    def _root_failure_seen(self, job: SlurmJob) -> bool:
-        """A rank's root failure in the log of a job still running: the others hang."""
-        findings = read_log_findings(job, self.files, self.settings.wedge.log_tail_bytes)
-        return findings.oom is not None or (
-            findings.root_failure_line is not None and findings.traceback_seen
-        )
 
     def _step_act(self, session: Session, report: CycleReport) -> None:
         deps = ActDeps(
@@ -654,13 +722,50 @@ class Daemon:
             log.info("hook: job ended", extra={"fields": {"job": job_id}})
             scheduler.modify_job("cycle", next_run_time=datetime.now(UTC))
 
-        listener = HookListener(path, on_job=wake)
+        allowed, group = self.hook_senders()
+        listener = HookListener(
+            path,
+            on_job=wake,
+            allowed_uids=allowed,
+            group=group,
+            min_wake_interval_s=HOOK_WAKE_INTERVAL_S,
+        )
         try:
             listener.start()
         except HookError as error:
             log.warning("no hook socket: %s; polling only", error)
             return None
         return listener
+
+    def hook_senders(self) -> tuple[frozenset[int], int | None]:
+        """Who may send to the hook socket: root, this daemon's user, and the SlurmUser
+        (slurmctld runs EpilogSlurmctld as it), as `scontrol show config` names it, else
+        the `slurm` account; and the group the socket file is given so the SlurmUser can
+        write to it (None: nobody but the owner needs to)."""
+        slurm_user: tuple[str, int] | None = None
+        try:
+            result = self.run_command(
+                list(SCONTROL_CONFIG_ARGV), timeout=min(self.settings.slurm_timeout_s, 10.0)
+            )
+        except process.CommandError as error:
+            log.warning("scontrol show config failed: %s", error)
+        else:
+            slurm_user = parse_slurm_user(result.stdout) if result.ok else None
+        entry = _passwd(slurm_user[1] if slurm_user else DEFAULT_SLURM_USER)
+        if slurm_user is None and entry is not None:
+            slurm_user = (entry.pw_name, entry.pw_uid)
+        me = os.geteuid()
+        allowed = {0, me}
+        if slurm_user is None:
+            log.warning("no SlurmUser known: the hook accepts datagrams from root only")
+            return frozenset(allowed), None
+        allowed.add(slurm_user[1])
+        group = entry.pw_gid if entry is not None and slurm_user[1] not in (0, me) else None
+        log.info(
+            "hook senders",
+            extra={"fields": {"slurm_user": slurm_user[0], "uids": sorted(allowed)}},
+        )
+        return frozenset(allowed), group
 
     def _watchdog(self, window_s: float) -> None:
         """Ping systemd only while cycles make progress: a hung daemon gets restarted."""
@@ -686,6 +791,63 @@ class Daemon:
                 }
             },
         )
+
+
+def root_failure_seen(findings: LogFindings) -> bool:
+    """A rank's root failure in the log of a job still running: the others hang."""
+    return findings.oom is not None or (
+        findings.root_failure_line is not None and findings.traceback_seen
+    )
+
+
+def _relaunch_owner(session: Session, proposal_id: int) -> str | None:
+    """Whose job a relaunch intent's token may be found on: its lineage's owner."""
+    proposal = session.get(Proposal, proposal_id)
+    if proposal is None or proposal.lineage_id is None:
+        return None
+    lineage = session.get(Lineage, proposal.lineage_id)
+    return lineage.owner if lineage is not None else None
+
+
+def _note_foreign(
+    session: Session, search: TokenSearch, *, subject: tuple[str, int], owner: str | None
+) -> None:
+    """A job of someone else carrying a lineage's token: ignored, and on the record (once:
+    reconciliation asks again every cycle until the intent settles)."""
+    if not search.foreign:
+        return
+    noted = {
+        event.details.get("job")
+        for event in session.scalars(
+            select(AuditEvent).where(
+                AuditEvent.verb == VERB_FOREIGN_TOKEN,
+                AuditEvent.subject_type == subject[0],
+                AuditEvent.subject_id == str(subject[1]),
+            )
+        )
+    }
+    for job_id, user in search.foreign:
+        if job_id in noted:
+            continue
+        log.warning(
+            "a job of another user carries a lineage token; ignored",
+            extra={"fields": {"job": job_id, "user": user, "owner": owner}},
+        )
+        repo.append_audit(
+            session,
+            actor=DAEMON,
+            verb=VERB_FOREIGN_TOKEN,
+            subject_type=subject[0],
+            subject_id=subject[1],
+            details={"job": job_id, "user": user, "owner": owner},
+        )
+
+
+def _passwd(user: str | int) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+    except KeyError:
+        return None
 
 
 @contextmanager

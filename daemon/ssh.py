@@ -9,6 +9,8 @@ Every failure is an `SshError` that says which host, and why.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,10 @@ class SshError(Exception):
     def __init__(self, host: str, message: str) -> None:
         self.host = host
         super().__init__(f"{host}: {message}")
+
+
+class UnsafeKey(ValueError):
+    """The private key file could be read or replaced by someone else: refused, as ssh does."""
 
 
 class UnknownHostKey(SshError):
@@ -121,8 +127,36 @@ def run_remote(
         client.close()
 
 
+def check_private_key(path: Path, *, euid: int | None = None) -> None:
+    """Refuse a key that is not a regular file owned by this process's user, or that group or
+    others may read or write (ssh refuses such a key too: anyone who can read it can probe
+    every node as the service, anyone who can write it can swap it)."""
+    owner = os.geteuid() if euid is None else euid
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise UnsafeKey(f"the probe key {path} cannot be read: {error.strerror}") from error
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafeKey(f"the probe key {path} is not a regular file")
+    if info.st_uid != owner:
+        raise UnsafeKey(
+            f"the probe key {path} is owned by uid {info.st_uid}, not by this service's user"
+            f" (uid {owner}): chown it to that user"
+        )
+    loose = info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
+    if loose:
+        raise UnsafeKey(
+            f"the probe key {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or others"
+            f" may read or write it; `chmod 600 {path}`"
+        )
+
+
 def load_key(path: Path) -> paramiko.PKey:
-    """Read the service's private key; a missing or unreadable key is a start-up error."""
+    """Read the service's private key; a missing, unreadable or unsafe key is refused."""
+    try:
+        check_private_key(path)
+    except UnsafeKey as error:
+        raise SshError(str(path), str(error)) from error
     try:
         return paramiko.PKey.from_path(path)
     except (OSError, paramiko.SSHException, ValueError) as error:

@@ -10,16 +10,21 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from daemon.config import Settings
 from daemon.service import (
     JsonFormatter,
     LeaderLock,
-    parse_queue_comments,
+    QueuedJob,
+    carries_token,
+    parse_queue_json,
     sd_notify,
     watchdog_window_s,
 )
+from daemon.slurm.errors import SlurmParseError
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer
@@ -120,9 +125,46 @@ def test_log_lines_are_json_with_their_fields() -> None:
     assert line["level"] == "info"
 
 
-def test_queue_comments_keep_plain_jobs_and_any_comment_text() -> None:
-    text = "41|medic-0a1b\n42|\n43|a|comment|with bars\n44_3|medic-x\n44_[5-9]|medic-y\nbad\n"
-    assert parse_queue_comments(text) == {41: "medic-0a1b", 42: "", 43: "a|comment|with bars"}
+def test_queued_jobs_keep_plain_jobs_their_owner_and_any_comment_text() -> None:
+    jobs = [
+        {"job_id": 41, "user_name": "alice", "comment": "medic-0a1b", "array_task_id": None},
+        {"job_id": 42, "user_name": "bob", "comment": ""},
+        # 22.05 keeps a comment's newline inside the string: no line can be forged.
+        {"job_id": 43, "user_name": "bob", "comment": "x\n41|alice|medic-0a1b"},
+        {"job_id": 44, "user_name": "alice", "comment": "medic-x", "array_task_id": 3},
+        {"job_id": {"set": True, "number": 45}, "user_name": "carol", "comment": None},
+        {"job_id": {"set": False, "number": 0}, "user_name": "carol", "comment": "medic-y"},
+        {"job_id": 46, "comment": "no owner"},
+        {"job_id": True, "user_name": "dave", "comment": "medic-z"},
+        "not a job",
+    ]
+    parsed = parse_queue_json(json.dumps({"meta": {}, "errors": [], "jobs": jobs}))
+    assert parsed == (
+        QueuedJob(41, "alice", "medic-0a1b"),
+        QueuedJob(42, "bob", ""),
+        QueuedJob(43, "bob", "x\n41|alice|medic-0a1b"),
+        QueuedJob(45, "carol", ""),
+    )
+
+
+@pytest.mark.parametrize("text", ["", "[]", '{"jobs": {}}', "{"])
+def test_squeue_output_that_is_not_a_jobs_document_is_an_error(text: str) -> None:
+    with pytest.raises(SlurmParseError):
+        parse_queue_json(text)
+
+
+def test_a_token_is_carried_only_as_a_whole_field_of_the_comment() -> None:
+    token = "medic-0a1b2c"
+    assert carries_token(token, token)
+    assert carries_token(f"  {token}\n", token)
+    assert carries_token(f"run 3 {token} resumed", token)
+    assert not carries_token(f"x{token}", token)
+    assert not carries_token(f"{token}d", token)
+    assert not carries_token(f"a,{token}", token)
+    assert not carries_token("medic-0a1b", token)
+    assert not carries_token(None, token)
+    assert not carries_token("", token)
+    assert not carries_token("anything", "")
 
 
 def test_the_watchdog_window_comes_from_systemd() -> None:
@@ -150,3 +192,45 @@ def test_the_watchdog_is_pinged_only_while_cycles_progress(
         sock.settimeout(0.2)
         with pytest.raises(TimeoutError):
             sock.recv(64)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+JOB_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "job_id": JSON_VALUES | st.integers(),
+        "user_name": JSON_VALUES,
+        "comment": JSON_VALUES,
+        "array_task_id": JSON_VALUES,
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(JOB_FIELDS | JSON_VALUES, max_size=6) | JSON_VALUES)
+def test_any_squeue_document_gives_queued_jobs_or_a_parse_error(jobs: object) -> None:
+    try:
+        parsed = parse_queue_json(json.dumps({"jobs": jobs}))
+    except SlurmParseError:
+        assert not isinstance(jobs, list)
+        return
+    for job in parsed:
+        assert 0 < job.job_id < 2**63
+        assert job.user
+        assert isinstance(job.comment, str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_any_squeue_text_gives_queued_jobs_or_a_parse_error(text: str) -> None:
+    try:
+        jobs = parse_queue_json(text)
+    except SlurmParseError:
+        return
+    assert all(job.user and 0 < job.job_id < 2**63 for job in jobs)

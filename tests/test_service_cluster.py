@@ -186,7 +186,9 @@ def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_d
     assert relaunch.state is JobState.RUNNING  # verified before it ended
     assert relaunch.user == USER
     # 22.05 accounting keeps the comment only once a job ends; slurmctld has it now.
-    assert action.token in daemon.queue_comments()[action.slurm_job_id]
+    queued = {job.job_id: job for job in daemon.queued_jobs()}
+    assert queued[action.slurm_job_id].comment == action.token
+    assert queued[action.slurm_job_id].user == USER
     log = Path(work_dir / f"torchrun-example-{action.slurm_job_id}.out").read_text()
     assert "resumed from checkpoint" in log
     assert "OutOfMemoryError" not in log

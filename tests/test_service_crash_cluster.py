@@ -17,7 +17,7 @@ from sqlalchemy import select
 from daemon.config import load_settings
 from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.pipeline import OwnerJobFiles
-from daemon.service import ACCOUNTED_STATES, Daemon
+from daemon.service import ACCOUNTED_STATES, Daemon, carries_token
 from daemon.slurm.backend import SlurmCli
 from daemon.store import repository as repo
 from daemon.store import service_records as records
@@ -74,8 +74,8 @@ def jobs_with(daemon: Daemon, token: str) -> list[int]:
     """Jobs carrying `token`: slurmctld's queue (live and recently ended) and accounting."""
     now = datetime.now(UTC)
     ended = SlurmCli().finished_jobs(now - timedelta(minutes=10), now, states=ACCOUNTED_STATES)
-    found = {job_id for job_id, comment in daemon.queue_comments().items() if token in comment}
-    found |= {job.job_id for job in ended if job.comment and token in job.comment}
+    found = {job.job_id for job in daemon.queued_jobs() if carries_token(job.comment, token)}
+    found |= {job.job_id for job in ended if carries_token(job.comment, token)}
     return sorted(found)
 
 

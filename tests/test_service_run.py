@@ -42,6 +42,24 @@ def test_a_bad_option_exits_2_naming_it(tmp_path: Path) -> None:
     assert "watcher.poll_interval_s" in result.stderr
 
 
+def test_a_probe_key_others_may_read_exits_2_before_anything_runs(tmp_path: Path) -> None:
+    key, known_hosts = tmp_path / "probe_key", tmp_path / "known_hosts"
+    key.write_text("not read: refused first")
+    key.chmod(0o644)
+    known_hosts.write_text("")
+    probe = f'[probe]\nkey_path = "{key}"\nknown_hosts_path = "{known_hosts}"\n'
+    result = subprocess.run(
+        [CLI, "run", "--once", "--config", str(config(tmp_path, probe))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"the probe key {key} has mode 0644: group or others may read" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_an_empty_record_exits_3_and_says_how_to_upgrade(tmp_path: Path) -> None:
     result = subprocess.run(
         [CLI, "run", "--once", "--config", str(config(tmp_path))],

@@ -29,9 +29,12 @@ from daemon.ssh import (
     HostKeyMismatch,
     OutputTooLarge,
     SshCredentials,
+    SshError,
     SshTarget,
     UnknownHostKey,
     Unreachable,
+    UnsafeKey,
+    check_private_key,
     run_remote,
 )
 
@@ -328,3 +331,70 @@ def test_probe_command_exit_code_for_an_unreachable_node(tmp_path: Path) -> None
     assert result.exit_code == 3
     assert result.output.startswith("127.0.0.1: unreachable\n")
     assert "connection refused" in result.output
+
+
+# ------------------------------------------------------------- the key's own file, like ssh
+
+
+def _key_with_mode(tmp_path: Path, mode: int) -> Path:
+    key = tmp_path / "key"
+    keygen(key)
+    key.chmod(mode)
+    return key
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o644, 0o660])
+def test_a_key_group_or_others_may_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    key = _key_with_mode(tmp_path, mode)
+    with pytest.raises(UnsafeKey, match=f"mode 0{mode:o}: group or others may read or write"):
+        check_private_key(key)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_key_only_its_owner_may_use_is_accepted(tmp_path: Path, mode: int) -> None:
+    key = _key_with_mode(tmp_path, mode)
+    check_private_key(key)
+    assert key.stat().st_uid == os.geteuid()
+
+
+def test_a_key_owned_by_someone_else_or_not_a_file_is_refused(tmp_path: Path) -> None:
+    key = _key_with_mode(tmp_path, 0o600)
+    with pytest.raises(UnsafeKey, match=f"owned by uid {os.geteuid()}, not by"):
+        check_private_key(key, euid=os.geteuid() + 1)
+    with pytest.raises(UnsafeKey, match="not a regular file"):
+        check_private_key(tmp_path)
+    with pytest.raises(UnsafeKey, match="cannot be read"):
+        check_private_key(tmp_path / "missing")
+
+
+def test_the_prober_refuses_an_unsafe_key_when_it_is_made(tmp_path: Path) -> None:
+    key = _key_with_mode(tmp_path, 0o644)
+    (tmp_path / "known_hosts").write_text("")
+    settings = ProbeSettings(key_path=key, known_hosts_path=tmp_path / "known_hosts")
+    with pytest.raises(UnsafeKey, match="chmod 600"):
+        NodeProber(settings)
+    key.chmod(0o600)
+    assert NodeProber(settings).fetch_count == 0
+
+
+def test_a_key_made_unsafe_later_is_refused_at_connect(tmp_path: Path) -> None:
+    key = _key_with_mode(tmp_path, 0o600)
+    (tmp_path / "known_hosts").write_text("")
+    key.chmod(0o640)
+    with pytest.raises(SshError, match="group or others may read or write"):
+        run_remote(
+            SshTarget("127.0.0.1", free_port(), "root"),
+            "echo",
+            credentials=SshCredentials(key, tmp_path / "known_hosts"),
+            connect_timeout=2,
+            command_timeout=2,
+        )
+
+
+def test_probe_command_refuses_an_unsafe_key_as_a_usage_error(tmp_path: Path) -> None:
+    key = _key_with_mode(tmp_path, 0o644)
+    (tmp_path / "known_hosts").write_text("")
+    args = ["probe", "gpu-01", "--key", str(key), "--known-hosts", str(tmp_path / "known_hosts")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "group or others may read or write it" in result.output

@@ -9,6 +9,7 @@ Exit codes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -18,15 +19,21 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from daemon.commands.terminal import printable
 from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
 from daemon.evidence.joblog import LogReadError, scan_log
 from daemon.evidence.records import Evidence, LogFindings
 from daemon.evidence.units import format_size
 from daemon.slurm.errors import SlurmError
+from daemon.slurm.hostlist import fold_hostlist
 from daemon.slurm.records import SlurmJob
 
 EXIT_UNREADABLE = 3
 EXIT_SLURM = 4
+
+# How a note (and a reason) about a node the log names outside the job's allocation begins:
+# the log is the job owner's text, and any line of it may name any node.
+OUTSIDE_ALLOCATION = "the log names a node outside the job's allocation"
 
 _NEXT_MOVES = {
     FailureKind.HARDWARE: "Drain the node (reason prefixed `medic:`) and relaunch excluding it.",
@@ -87,8 +94,10 @@ def diagnose_command(
         if not paths:
             _fail(f"job {job.display_id} has no known output file", EXIT_SLURM)
         logs = tuple(dict.fromkeys(paths))
-    findings = [_scan(path, step_pattern, follow_symlinks) for path in logs]
-    verdict = diagnose(Evidence(log=merge_findings(findings), job=job), History())
+    findings = merge_findings([_scan(path, step_pattern, follow_symlinks) for path in logs])
+    if job is not None:
+        findings = confine_to_allocation(findings, job)
+    verdict = with_suspicious_text(diagnose(Evidence(log=findings, job=job), History()), findings)
     if as_json:
         click.echo(json.dumps(diagnosis_json(verdict), indent=2))
     else:
@@ -156,6 +165,35 @@ def merge_findings(findings: Sequence[LogFindings]) -> LogFindings:
     )
 
 
+def confine_to_allocation(findings: LogFindings, job: SlurmJob) -> LogFindings:
+    """Only a node the job ran on may be probed or blamed: a node the log names outside the
+    job's allocation (a line any rank may print, `srun: error: gpu-09: ...`) is dropped from
+    the findings and kept as a note that says so."""
+    node = findings.node
+    allocation = allocation_nodes(job)
+    if node is None or node in allocation:
+        return findings
+    ran_on = fold_hostlist(sorted(allocation)) if allocation else "nodes Slurm did not report"
+    note = f"{OUTSIDE_ALLOCATION}: {node[:64]!a} (the job ran on {ran_on}); not probed or blamed"
+    return dataclasses.replace(findings, node=None, notes=(*findings.notes, note))
+
+
+def allocation_nodes(job: SlurmJob) -> frozenset[str]:
+    """The nodes Slurm gave the job (its node list and batch host)."""
+    return frozenset(job.nodes) | ({job.batch_host} if job.batch_host else set())
+
+
+def with_suspicious_text(verdict: Diagnosis, findings: LogFindings) -> Diagnosis:
+    """The verdict with the findings' notes about nodes outside the allocation as reasons,
+    so a person reading it sees that the log named one."""
+    extra = tuple(
+        note
+        for note in findings.notes
+        if note.startswith(OUTSIDE_ALLOCATION) and note not in verdict.reasons
+    )
+    return dataclasses.replace(verdict, reasons=verdict.reasons + extra) if extra else verdict
+
+
 def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
     """The `--json` object; every number in bytes, null where the message did not give it."""
     oom = verdict.oom
@@ -206,10 +244,10 @@ def _print_human(verdict: Diagnosis) -> None:
         )
         if value is not None
     ]
-    console.print(escape(", ".join(where)))
+    console.print(escape(printable(", ".join(where))))  # the node comes from the log
     console.print("\n[bold]Why[/bold]")
     for reason in verdict.reasons:
-        console.print(f"  - {escape(reason)}")
+        console.print(f"  - {escape(printable(reason))}")  # reasons quote the log
     if verdict.oom is not None:
         console.print("\n[bold]Numbers[/bold]")
         oom = verdict.oom

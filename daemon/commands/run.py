@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from daemon.config import ConfigError, load_settings
+from daemon.ssh import UnsafeKey
 from daemon.store.schema import SchemaBehind
 
 EXIT_CONFIG = 2
@@ -33,9 +34,13 @@ def run_command(
         click.echo(f"slurm-medic run: {error}", err=True)
         raise SystemExit(EXIT_CONFIG) from error
     configure_logging()
-    with daemon_from_settings(settings) as daemon:
-        try:
-            daemon.run(once=once)
-        except SchemaBehind as error:
-            click.echo(f"slurm-medic run: {error}", err=True)
-            raise SystemExit(EXIT_SCHEMA) from error
+    try:
+        with daemon_from_settings(settings) as daemon:
+            try:
+                daemon.run(once=once)
+            except SchemaBehind as error:
+                click.echo(f"slurm-medic run: {error}", err=True)
+                raise SystemExit(EXIT_SCHEMA) from error
+    except UnsafeKey as error:  # the probe key, checked as the prober is made
+        click.echo(f"slurm-medic run: {error}", err=True)
+        raise SystemExit(EXIT_CONFIG) from error

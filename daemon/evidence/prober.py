@@ -33,6 +33,7 @@ from daemon.ssh import (
     SshError,
     SshTarget,
     UnknownHostKey,
+    check_private_key,
     run_remote,
 )
 
@@ -108,6 +109,9 @@ class NodeProber:
         fetch: Fetch | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """Over SSH unless `fetch` is given; the SSH key is checked here (`UnsafeKey`)."""
+        if fetch is None:
+            check_private_key(settings.key_path)  # at start, not at the first failed job
         self._settings = settings
         self._catalog = settings.catalog()
         self._clock = clock

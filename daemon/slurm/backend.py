@@ -7,6 +7,7 @@ pyslurm builds against is available.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import re
@@ -31,6 +32,7 @@ from daemon.slurm.records import (
     MEDIC_REASON_PREFIX,
     JobState,
     PathSource,
+    RejectedRecord,
     SlurmJob,
     SlurmNode,
 )
@@ -44,7 +46,13 @@ from daemon.slurm.sacct import (
     sacct_window_argv,
     validate_job_id,
 )
-from daemon.slurm.sbatch import SubmitRequest, parse_sbatch_parsable, sbatch_argv, scancel_argv
+from daemon.slurm.sbatch import (
+    SubmitRequest,
+    parse_sbatch_parsable,
+    sbatch_argv,
+    scancel_argv,
+    submission_environment,
+)
 from daemon.slurm.scontrol import (
     drain_argv,
     parse_show_job,
@@ -54,6 +62,8 @@ from daemon.slurm.scontrol import (
     show_node_argv,
     validate_reason,
 )
+
+log = logging.getLogger(__name__)
 
 FINISHED_STATES: frozenset[JobState] = frozenset(
     {
@@ -203,6 +213,10 @@ class SlurmCli:
         text_id = validate_job_id(job_id)
         report = self._sacct(lambda json_output: sacct_job_argv(text_id, json_output=json_output))
         found = [job for job in report.jobs if text_id in {str(job.job_id), job.display_id}]
+        unreadable = [record for record in report.rejected if record.record_id == text_id]
+        if not found and unreadable:
+            record = unreadable[0]
+            raise SlurmParseError(record.reason, source=record.source, excerpt=record.excerpt)
         if not found:
             raise JobNotFound(f"accounting has no job {text_id}")
         job = found[0]
@@ -247,8 +261,16 @@ class SlurmCli:
         extra_args: Sequence[str] = (),
         work_dir: str | None = None,
     ) -> int:
-        """Submit `script` (via stdin) as `as_user`; the job id, or SubmissionError."""
-        uid, gid = self._identity_for(as_user)
+        """Submit `script` (via stdin) as `as_user`; the job id, or SubmissionError.
+
+        sbatch runs with `submission_environment` (the owner's, built on purpose), never this
+        process's: whatever the daemon holds (its database URL among it) stays out of the job.
+        """
+        owner = self._owner(as_user)
+        uid, gid = self._identity_for(owner)
+        environment = submission_environment(
+            owner, self._env if self._env is not None else os.environ
+        )
         try:
             script.encode()
         except UnicodeEncodeError as error:
@@ -274,7 +296,7 @@ class SlurmCli:
                 str(error), argv=["sbatch"], returncode=None, stderr=""
             ) from error
         try:
-            result = self._runner(argv, timeout=self._timeout_s, input_text=script, env=self._env)
+            result = self._runner(argv, timeout=self._timeout_s, input_text=script, env=environment)
         except CommandTimeout as error:
             raise SubmissionError(
                 "sbatch timed out; the job may exist",
@@ -306,19 +328,22 @@ class SlurmCli:
             ) from error
         return job_id
 
-    def _identity_for(self, user: str) -> tuple[int | None, int | None]:
-        """As root: the owner's uid/gid for sbatch. Otherwise only the caller may be named."""
+    @staticmethod
+    def _owner(user: str) -> pwd.struct_passwd:
         try:
-            entry = pwd.getpwnam(user)
+            return pwd.getpwnam(user)
         except KeyError as error:
             raise SubmissionError(
                 f"no such user {user!r}", argv=["sbatch"], returncode=None, stderr=""
             ) from error
+
+    def _identity_for(self, entry: pwd.struct_passwd) -> tuple[int | None, int | None]:
+        """As root: the owner's uid/gid for sbatch. Otherwise only the caller may be named."""
         if self._euid == 0:
             return entry.pw_uid, entry.pw_gid
         if entry.pw_uid != self._euid:
             raise SubmissionError(
-                f"cannot submit as {user!r} without root",
+                f"cannot submit as {entry.pw_name!r} without root",
                 argv=["sbatch"],
                 returncode=None,
                 stderr="",
@@ -338,13 +363,15 @@ class SlurmCli:
             if _UNKNOWN_NODE.search(error.stderr):
                 raise NodeNotFound(f"slurmctld does not know node {name!r}") from error
             raise
-        found = parse_show_nodes(result.stdout, local_tz=self._local_tz)
+        found = parse_show_nodes(result.stdout, local_tz=self._local_tz).nodes
         if len(found) != 1 or found[0].name != name:
             raise NodeNotFound(f"slurmctld does not know node {name!r}")
         return found[0]
 
     def nodes(self) -> tuple[SlurmNode, ...]:
-        return parse_show_nodes(self._call(show_node_argv()).stdout, local_tz=self._local_tz)
+        report = parse_show_nodes(self._call(show_node_argv()).stdout, local_tz=self._local_tz)
+        _log_rejected(report.rejected)
+        return report.nodes
 
     def drain(self, node: str, reason: str) -> None:
         """Drain with a `medic:` reason; never overwrite a drain someone else set."""
@@ -372,12 +399,17 @@ class SlurmCli:
         """`--json` where the release has it, else the `--parsable2` fallback (remembered)."""
         if self._json:
             try:
-                return parse_sacct_json(self._call(build(True)).stdout)
+                report = parse_sacct_json(self._call(build(True)).stdout)
             except SlurmCommandError as error:
                 if not _NO_JSON.search(error.stderr):
                     raise
                 self._json = False
-        return parse_sacct_parsable(self._call(build(False)).stdout, local_tz=self._local_tz)
+            else:
+                _log_rejected(report.rejected)
+                return report
+        report = parse_sacct_parsable(self._call(build(False)).stdout, local_tz=self._local_tz)
+        _log_rejected(report.rejected)
+        return report
 
     def _call(self, argv: list[str]) -> CommandResult:
         """Run a read or an idempotent update, retrying while the controller does not answer."""
@@ -406,4 +438,16 @@ class SlurmCli:
                 self._sleep(self._backoff_s * 2 ** (attempt - 1))
         raise SlurmUnavailable(
             "Slurm did not answer", argv=argv, attempts=self._attempts, last_error=last_error
+        )
+
+
+def _log_rejected(rejected: Iterable[RejectedRecord]) -> None:
+    """Records a parser could not read are left out of the answer; each is said here."""
+    for record in rejected:
+        log.warning(
+            "left out a record of %s (%s): %s; near %r",
+            record.source,
+            record.record_id or "no id",
+            record.reason,
+            record.excerpt,
         )

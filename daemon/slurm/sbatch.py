@@ -1,8 +1,11 @@
-"""sbatch and scancel: argv builders and the `--parsable` answer, pure."""
+"""sbatch and scancel: argv builders, the submission's environment and the `--parsable`
+answer, pure."""
 
 from __future__ import annotations
 
+import pwd
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from daemon.slurm.errors import SlurmParseError
@@ -12,6 +15,11 @@ from daemon.slurm.scontrol import validate_node_name
 
 _PARSABLE_ANSWER = re.compile(r"^(?P<job_id>[0-9]+)(?:;(?P<cluster>[^\s;]+))?$")
 _SIGNAL = re.compile(r"^(?:SIG)?[A-Z0-9]{1,8}$")
+# What a submission keeps of the submitting process's environment: where the commands are,
+# the language, and where Slurm's own configuration is when it is not in the default place.
+INHERITED_VARIABLES = ("PATH", "LANG", "SLURM_CONF")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEFAULT_LANG = "C.UTF-8"
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,37 @@ def sbatch_argv(request: SubmitRequest) -> list[str]:
             raise ValueError(f"extra sbatch arguments take the form --option=value, got {arg!r}")
     argv.extend(request.extra_args)
     return argv
+
+
+def submission_environment(
+    owner: pwd.struct_passwd, inherited: Mapping[str, str]
+) -> dict[str, str]:
+    """The whole environment sbatch runs with, built on purpose: PATH, LANG (and SLURM_CONF)
+    from the submitter, HOME, USER, LOGNAME and SHELL from the owner's passwd entry.
+
+    sbatch exports its own environment into the job, so this is the job's starting
+    environment too; the script's own `export`s (the launch template's) come on top.
+    Not `sbatch --export=NONE`, for two reasons (22.05's sbatch(1), and seen on the dev
+    cluster): NONE still passes every SLURM_* variable of sbatch's environment into the job
+    (SLURM_MEDIC_STORE__URL, with the database password, is one), and it sets
+    SLURM_EXPORT_ENV=NONE in the job, so every `srun` of the script starts its tasks without
+    the script's exports (the allocator setting a fix depends on never reaches the ranks;
+    even PATH is gone). With an environment that holds nothing of the daemon's, sbatch's
+    default (ALL) exports only what is here, srun hands the script's exports on to every
+    task, and a template's own `#SBATCH --export=...` still gets what it asks for.
+    """
+    environment = {
+        "PATH": inherited.get("PATH") or DEFAULT_PATH,
+        "LANG": inherited.get("LANG") or DEFAULT_LANG,
+        "HOME": owner.pw_dir,
+        "USER": owner.pw_name,
+        "LOGNAME": owner.pw_name,
+        "SHELL": owner.pw_shell or "/bin/sh",
+    }
+    for name in INHERITED_VARIABLES:
+        if name not in environment and inherited.get(name):
+            environment[name] = inherited[name]
+    return environment
 
 
 def parse_sbatch_parsable(stdout: str) -> tuple[int, str | None]:
