@@ -208,7 +208,7 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
     if not verdict.may_act:
         return ActResult(proposal_id, "held", "; ".join(verdict.reasons))
     try:
-        template = lineage_template(lineage, parent_row)
+        template = lineage_template(lineage, parent_row, deps.files)
         parent = Revision(
             id=str(parent_row.id),
             template=template.name,

@@ -6,9 +6,12 @@ the checkpoint root is read: a symlink that leaves it is refused, and a symlink 
 not a hang.
 
 Reading happens through `CheckpointReader`, a small seam over the file system. The daemon runs as
-root and must read with the job owner's rights: it calls `find_last_good` inside a child that
-has dropped to the owner's uid/gid (or with a reader that does so), so a path the owner cannot
-read is refused by the kernel, not by us. `LocalReader` is the plain implementation.
+root and must read with the job owner's rights: `daemon.owner_files` calls `find_last_good`
+inside a child that has dropped to the owner's uid/gid, with a reader that walks the checkpoint
+root one component at a time (`openat`, no link followed outside the root, files size-capped
+before reading), so a path the owner cannot read is refused by the kernel, not by us.
+`LocalReader` is the plain implementation (the caller's rights, the kernel's path lookup) for
+trees the caller trusts.
 """
 
 from __future__ import annotations
@@ -123,7 +126,14 @@ class LocalReader:
         return path.resolve(strict=True)
 
     def read_bytes(self, path: Path, limit: int) -> bytes:
-        with open(path, "rb") as handle:
+        """Non-blocking, regular files only, refused from the size before any read."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise OSError(f"{path.name} is not a regular file")
+            if status.st_size > limit:
+                raise OSError(f"larger than {limit} bytes")
             data = handle.read(limit + 1)
         if len(data) > limit:
             raise OSError(f"larger than {limit} bytes")

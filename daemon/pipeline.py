@@ -1,7 +1,8 @@
 """One ended job, handled: gather -> diagnose -> plan -> decide, all on the record.
 
 The I/O here is only through seams handed in (`PipelineDeps`): the Slurm backend, the node
-prober, and `JobFiles`, which reads a job's files with its owner's rights. Everything
+prober, and `JobFiles`, which reads a job's files and its lineage's template with its
+owner's rights. Everything
 that decides is pure (`diagnose`, `plan`, `policy.decide`); this module joins them and writes
 each step to the store in one transaction per job, ending with a `job_handled` event, so a
 crash anywhere before the commit leaves the job to be handled again, and never twice.
@@ -10,7 +11,6 @@ crash anywhere before the commit leaves the job to be handled again, and never t
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import pwd
 from collections.abc import Mapping
@@ -22,15 +22,20 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from daemon.checkpoints import CheckpointScan, CheckpointSpec
-from daemon.commands.diagnose import merge_findings
+from daemon.commands.diagnose import confine_to_allocation, merge_findings, with_suspicious_text
 from daemon.config import Settings
 from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
 from daemon.dialects.base import Dialect, KnobValue
-from daemon.evidence.joblog import LogReadError, scan_log
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import Evidence, LogFindings, NodeProbe
-from daemon.owner_files import MAX_TAIL_BYTES, Owner, OwnerFiles, OwnerReadRefused, RefusalKind
-from daemon.owner_files import Refusal as ReadRefusal
+from daemon.owner_files import (
+    MAX_TAIL_BYTES,
+    Owner,
+    OwnerFiles,
+    OwnerReadRefused,
+    TemplateTexts,
+    job_tree,
+)
 from daemon.planner import (
     Attempt,
     LineageHistory,
@@ -85,6 +90,10 @@ class JobFiles(Protocol):
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan: ...
 
+    def read_template(self, owner: str, directory: str) -> TemplateTexts:
+        """A lineage's template directory, read as the lineage's owner."""
+        ...
+
 
 class OwnerJobFiles:
     """The production `JobFiles`: `daemon.owner_files` reads as the owner (a child when root)."""
@@ -103,17 +112,19 @@ class OwnerJobFiles:
         return OwnerFiles(Owner.for_job(user=job.user, uid=uid), drop_privileges=self._drop)
 
     def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
-        """The owner's reader hands over the tail's bytes; the pure scanner reads them here."""
-        tail = self._files(job).read_tail(path, min(max_bytes, MAX_TAIL_BYTES))
-        try:
-            return scan_log(io.BytesIO(tail))
-        except LogReadError as error:
-            raise OwnerReadRefused(
-                ReadRefusal(RefusalKind.FAILED, path, job.user, f"log not scanned: {error}")
-            ) from error
+        """The owner's reader scans the log's last `max_bytes` itself (in its child, under its
+        own memory and CPU limits, when root): a hostile line can cost that child, not us."""
+        return self._files(job).scan_log(
+            path, limit=min(max_bytes, MAX_TAIL_BYTES), tree=job_tree(path, job.work_dir)
+        )
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
         return self._files(job).find_last_good(spec)
+
+    def read_template(self, owner: str, directory: str) -> TemplateTexts:
+        return OwnerFiles(Owner.from_name(owner), drop_privileges=self._drop).read_template(
+            directory
+        )
 
 
 @dataclass
@@ -141,7 +152,12 @@ class HandleResult:
 
 
 def read_log_findings(job: SlurmJob, files: JobFiles, max_bytes: int) -> LogFindings:
-    """The job's logs scanned from their ends with the owner's rights; refusals noted."""
+    """The job's logs scanned from their ends with the owner's rights; refusals noted.
+
+    The failing node is one of the job's own, or none: a node the log names outside the
+    allocation is only a note (see `confine_to_allocation`), so nothing downstream (the
+    probe, the diagnosis, a drain) can be pointed at another node by what a job prints.
+    """
     paths = [path for path in dict.fromkeys((job.stdout_path, job.stderr_path)) if path]
     findings: list[LogFindings] = []
     notes: list[str] = []
@@ -153,7 +169,8 @@ def read_log_findings(job: SlurmJob, files: JobFiles, max_bytes: int) -> LogFind
         except OwnerReadRefused as error:
             notes.append(str(error))
     merged = merge_findings(findings)
-    return dataclasses.replace(merged, notes=merged.notes + tuple(notes))
+    merged = dataclasses.replace(merged, notes=merged.notes + tuple(notes))
+    return confine_to_allocation(merged, job)
 
 
 def gather(job: SlurmJob, deps: PipelineDeps) -> Evidence:
@@ -172,9 +189,15 @@ def gather(job: SlurmJob, deps: PipelineDeps) -> Evidence:
 # ------------------------------------------------------------------ lineage and history
 
 
-def lineage_template(lineage: Lineage, revision: TemplateRevision) -> LaunchTemplate:
-    """The lineage's template as the revision had it (its directory, the revision's knobs)."""
-    template = load_template(Path(lineage.template))
+def lineage_template(
+    lineage: Lineage, revision: TemplateRevision, files: JobFiles
+) -> LaunchTemplate:
+    """The lineage's template as the revision had it (its directory, read as the lineage's
+    owner, and the revision's knobs)."""
+    template = load_template(
+        Path(lineage.template),
+        lambda directory: files.read_template(lineage.owner, directory),
+    )
     knobs = knobs_from_json(template.dialect, revision.knobs)
     return dataclasses.replace(template, knobs=knobs)
 
@@ -289,7 +312,7 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
     lineage_id = submission.lineage_id if submission else None
     if submission is not None:
         # A completed relaunch is judged from its log too, so it needs the paths as well.
-        job = with_template_paths(session, job, submission)
+        job = with_template_paths(session, job, submission, deps.files)
     evidence: Evidence | None = None
     if job.state in FAILED_STATES:
         # Nothing is written yet: end the read so that the log scan and the node probe
@@ -312,7 +335,7 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
     history = (
         diagnosis_history(session, lineage_id=lineage_id) if lineage_id is not None else History()
     )
-    verdict = diagnose(evidence, history)
+    verdict = with_suspicious_text(diagnose(evidence, history), evidence.log)
     incident = repo.record_incident(
         session, slurm_job_id=job.job_id, evidence=evidence, diagnosis=verdict
     )
@@ -360,7 +383,7 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
 
 
 def with_template_paths(
-    session: Session, job: SlurmJob, submission: records.LineageSubmission
+    session: Session, job: SlurmJob, submission: records.LineageSubmission, files: JobFiles
 ) -> SlurmJob:
     """22.05 accounting keeps no std paths and slurmctld forgets them MinJobAge after the
     end; a lineage job's paths are known anyway: its revision's sbatch options, expanded as
@@ -372,7 +395,7 @@ def with_template_paths(
     if lineage is None or revision is None:
         return job
     try:
-        options = dict(lineage_template(lineage, revision).sbatch)
+        options = dict(lineage_template(lineage, revision, files).sbatch)
     except TemplateError:
         return job
     context = PathContext(
@@ -435,7 +458,7 @@ def _plan_and_decide(
     if lineage is None or revision is None:
         return HandleResult(job.job_id, "no_lineage", incident.id)
     try:
-        template = lineage_template(lineage, revision)
+        template = lineage_template(lineage, revision, deps.files)
     except TemplateError as error:
         _ask_person(session, lineage, f"the lineage's template cannot be loaded: {error}")
         return HandleResult(job.job_id, "template_error", incident.id, detail=str(error))

@@ -196,7 +196,10 @@ def plan(
         )
     floor = _rung_floor(attempts, ladder) if stalled else 0
     dead_configs = [dict(attempt.knobs_before) for attempt in attempts] + [dict(template.knobs)]
-    current_script = render(template)
+    try:
+        current_script = render(template)
+    except TemplateError as error:
+        return Refusal(kind, f"the lineage's template does not render: {error}")
     skipped: list[SkippedRung] = []
     for rung, name in enumerate(ladder):
         reason = _why_skip(
@@ -272,7 +275,11 @@ def _why_skip(
         return f"its patch does not apply: {error}"
     if knobs_after in dead_configs:
         return "it leads back to a config that already died in this lineage"
-    if render(template, knobs_after) == current_script:
+    try:
+        script_after = render(template, knobs_after)
+    except TemplateError as error:
+        return f"its change does not render: {error}"
+    if script_after == current_script:
         return "its change would not reach the rendered script"
     return remediation, patch, knobs_after
 

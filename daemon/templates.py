@@ -1,9 +1,22 @@
 """Launch templates: typed knobs, sandboxed rendering, and revisions made by typed patches.
 
 A template is a directory holding `template.toml` (name, dialect, knobs, env, sbatch options,
-free variables, checkpoint layout) and a Jinja2 sbatch script. Rendering runs in a sandbox with
-undefined names as errors, and a finalizer that refuses any string not proven shell-safe: a
-job name or a path reaches the script only through the `sh` filter or pre-quoted fragments.
+free variables, checkpoint layout) and a Jinja2 sbatch script. The directory is the user's: the
+daemon reads it as its owner through `daemon.owner_files` (regular files inside the directory,
+1 MB each at most), the CLI as the caller, through the same walk.
+
+Rendering runs in a sandbox with undefined names as errors, and a finalizer that refuses any
+string not proven shell-safe: a job name or a path reaches the script only through the `sh`
+filter or pre-quoted fragments. The script is the user's text run by root, so its Jinja is held
+to a whitelist of constructs, checked on the parsed tree before anything runs: output
+(`{{ expr }}`), names, attributes and items, constants, the `sh`/`shjoin` filters, the
+`defined`/`none` tests, `if`/`elif`/`else`, comparisons, `and`/`or`/`not` and a short `~`.
+Loops, macros, call blocks, include/import/extends, `set`, arithmetic and function calls are
+refused with the line that holds them. A whitelist rather than budgets: the shipped templates
+(and imported ones) use nothing else, and without loops, calls or arithmetic the work and the
+output of a render are linear in the source and the (capped) values, so nothing is left to
+time out; the output cap and the deadline stay as a second line. Every failure, whatever Python
+raises inside Jinja, is a `TemplateError`.
 
 A patch is a typed change of knobs, never a text edit. Applying one to a revision gives a new
 revision that names its parent and carries its rendered script and the unified diff. Revisions
@@ -19,28 +32,47 @@ import hashlib
 import json
 import re
 import shlex
+import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
-from jinja2 import StrictUndefined, Template, Undefined
+from jinja2 import StrictUndefined, Template, Undefined, nodes
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointSpec
 from daemon.dialects import get_dialect
 from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue, Role
+from daemon.owner_files import (
+    MAX_TEMPLATE_FILE_BYTES,
+    TEMPLATE_FILE,
+    OwnerFiles,
+    OwnerReadRefused,
+    TemplateTexts,
+)
 
-TEMPLATE_FILE = "template.toml"
 REVISIONS_DIR = "revisions"
-_MAX_SCRIPT_BYTES = 1_000_000
+_MAX_SCRIPT_BYTES = MAX_TEMPLATE_FILE_BYTES
+MAX_RENDERED_CHARS = 2_000_000  # a real script is a few KB
+RENDER_DEADLINE_S = 10.0  # a second line: without loops a render takes milliseconds
+MAX_JINJA_TAGS = 2_000  # `{{` and `{%` in the source, counted before parsing
+MAX_TEMPLATE_NODES = 10_000  # the shipped templates have under 100
+MAX_TEMPLATE_DEPTH = 50
+MAX_CONCAT_OPERANDS = 4  # `a ~ b` repeats values: keep the product small
+MAX_NAME_CHARS = 256
+MAX_VAR_CHARS = 65_536
+MAX_VAR_ITEMS = 1_024
+MAX_CONFIG_BASE_CHARS = 256 * 1024
+MAX_CONFIG_BASE_DEPTH = 32
 
-_SAFE_WORD = re.compile(r"^[A-Za-z0-9_./:=@%+,-]*$")
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
-_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+\[\]-]{1,1024}$")
-_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Used with `.match` and ended by \Z: `$` would let a trailing newline into the script.
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_./:=@%+,-]*\Z")
+_SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]{0,63}\Z")
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%/+\[\]-]{1,1024}\Z")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 # sbatch options the knobs own: a template may not set them directly.
 _KNOB_OWNED_OPTIONS = frozenset({"nodes", "gres", "gpus-per-node", "exclude"})
 
@@ -88,6 +120,58 @@ def _finalize(value: object) -> object:
     raise TemplateError(f"unquoted value {value!r} would reach the script: use `| sh`")
 
 
+_FILTERS: dict[str, Callable[..., object]] = {"sh": shell_quote, "shjoin": shell_join}
+_TESTS = frozenset({"defined", "undefined", "none"})
+# The constructs a launch template may use; anything else is refused at parse time.
+_ALLOWED_NODES: tuple[type[nodes.Node], ...] = (
+    nodes.Template,
+    nodes.Output,
+    nodes.TemplateData,
+    nodes.Name,
+    nodes.Getattr,
+    nodes.Getitem,
+    nodes.Const,
+    nodes.Filter,
+    nodes.Test,
+    nodes.If,
+    nodes.CondExpr,
+    nodes.Compare,
+    nodes.Operand,
+    nodes.And,
+    nodes.Or,
+    nodes.Not,
+    nodes.Concat,
+)
+_CONSTRUCTS = {
+    "For": "a `for` loop",
+    "Macro": "a macro",
+    "CallBlock": "a `call` block",
+    "Call": "a function or method call",
+    "Include": "`include`",
+    "Import": "`import`",
+    "FromImport": "`from ... import`",
+    "Extends": "`extends`",
+    "Block": "a `block`",
+    "Assign": "`set`",
+    "AssignBlock": "`set`",
+    "With": "`with`",
+    "FilterBlock": "a `filter` block",
+    "Pow": "arithmetic (`**`)",
+    "Mul": "arithmetic (`*`)",
+    "Div": "arithmetic (`/`)",
+    "FloorDiv": "arithmetic (`//`)",
+    "Mod": "arithmetic (`%`)",
+    "Add": "arithmetic (`+`)",
+    "Sub": "arithmetic (`-`)",
+    "Neg": "arithmetic (unary `-`)",
+    "Pos": "arithmetic (unary `+`)",
+    "Slice": "a slice",
+    "List": "a list literal",
+    "Tuple": "a tuple literal",
+    "Dict": "a dict literal",
+}
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     environment = ImmutableSandboxedEnvironment(
         undefined=StrictUndefined,
@@ -95,15 +179,73 @@ def _environment() -> ImmutableSandboxedEnvironment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    environment.filters["sh"] = shell_quote
-    environment.filters["shjoin"] = shell_join
+    environment.globals.clear()  # no range(), lipsum(), cycler(), namespace(), dict()
+    environment.filters = dict(_FILTERS)
     return environment
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled(source: str) -> Template:
-    """Compiling is most of a render's cost; a daemon renders the same few sources again."""
-    return _environment().from_string(source)
+    """Compiling is most of a render's cost; a daemon renders the same few sources again.
+    Only a source that passed the construct whitelist is compiled (and cached)."""
+    if len(source) > _MAX_SCRIPT_BYTES:
+        raise TemplateError("the script is over 1 MB")
+    tags = source.count("{{") + source.count("{%")
+    if tags > MAX_JINJA_TAGS:
+        raise TemplateError(f"{tags} Jinja tags: more than {MAX_JINJA_TAGS}")
+    environment = _environment()
+    try:
+        tree = environment.parse(source)
+    except JinjaTemplateError as error:
+        line = getattr(error, "lineno", None)
+        raise TemplateError(f"line {line}: {error}" if line else str(error)) from error
+    except RecursionError as error:
+        raise TemplateError("the script's Jinja is nested too deeply") from error
+    _check_constructs(tree)
+    return environment.from_string(tree)
+
+
+def _check_constructs(tree: nodes.Template) -> None:
+    """Refuse any Jinja construct outside the whitelist, naming it and its line."""
+    stack: list[tuple[nodes.Node, int, bool]] = [(tree, 0, False)]
+    count = 0
+    while stack:
+        node, depth, in_concat = stack.pop()
+        count += 1
+        if count > MAX_TEMPLATE_NODES:
+            raise TemplateError(f"more than {MAX_TEMPLATE_NODES} Jinja expressions")
+        if depth > MAX_TEMPLATE_DEPTH:
+            raise TemplateError(f"line {node.lineno}: expression nested too deeply")
+        problem = _construct_problem(node, in_concat)
+        if problem:
+            raise TemplateError(
+                f"line {node.lineno}: {problem} is not allowed in a launch template "
+                "(only {{ expressions }} with the sh/shjoin filters, and if/else)"
+            )
+        inner = in_concat or isinstance(node, nodes.Concat)
+        children = [(child, depth + 1, inner) for child in node.iter_child_nodes()]
+        stack.extend(reversed(children))  # the first offence in reading order is named
+
+
+def _construct_problem(node: nodes.Node, in_concat: bool) -> str:
+    """What is wrong with one node, in words; empty when it is allowed."""
+    kind = type(node).__name__
+    if not isinstance(node, _ALLOWED_NODES):
+        return _CONSTRUCTS.get(kind, f"`{kind}`")
+    if isinstance(node, nodes.Filter | nodes.Test):
+        extra = node.args or node.kwargs or node.dyn_args or node.dyn_kwargs
+        allowed = _FILTERS if isinstance(node, nodes.Filter) else _TESTS
+        if node.name not in allowed:
+            return f"the {kind.lower()} `{node.name}`"
+        if extra:
+            return f"arguments to `{node.name}`"
+    if isinstance(node, nodes.Name) and node.ctx != "load":
+        return f"assigning to `{node.name}`"
+    if isinstance(node, nodes.Getattr) and node.attr.startswith("_"):
+        return f"the attribute `{node.attr}`"
+    if isinstance(node, nodes.Concat) and (in_concat or len(node.nodes) > MAX_CONCAT_OPERANDS):
+        return f"`~` with more than {MAX_CONCAT_OPERANDS} operands (or nested)"
+    return ""
 
 
 VarValue = str | tuple[str, ...]
@@ -142,6 +284,8 @@ def parse_template(
 ) -> LaunchTemplate:
     """Build a template from its parsed TOML document and its Jinja2 script text."""
     name = _required_str(document, "name")
+    if len(name) > MAX_NAME_CHARS:
+        raise TemplateError(f"template name longer than {MAX_NAME_CHARS} characters")
     dialect = get_dialect(_required_str(document, "dialect"))
     knobs_raw = dict(_table(document, "knobs"))
     if "env" in knobs_raw:
@@ -164,7 +308,7 @@ def parse_template(
         knobs=knobs,
         sbatch=sbatch,
         variables=variables,
-        config_base=dict(_table(document, "config_base")),
+        config_base=_config_base(_table(document, "config_base")),
         checkpoint=checkpoint,
         directory=directory,
     )
@@ -172,28 +316,48 @@ def parse_template(
     return template
 
 
-def load_template(directory: Path) -> LaunchTemplate:
-    """Load `template.toml` and the script it names from a template directory."""
-    toml_path = directory / TEMPLATE_FILE
+TemplateReader = Callable[[str], TemplateTexts]
+
+
+def load_template(directory: Path, read: TemplateReader | None = None) -> LaunchTemplate:
+    """Load `template.toml` and the script it names from a template directory.
+
+    `read` reads the directory with its owner's rights (the daemon passes the owner's
+    `OwnerFiles.read_template`); by default this process reads it as itself, through the
+    same walk and caps. A refused read is a `TemplateError` that says why.
+    """
+    reader = read if read is not None else OwnerFiles.as_caller().read_template
     try:
-        document = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise TemplateError(f"cannot read {toml_path}: {error}") from error
-    script_name = _required_str(document, "script")
-    script_path = directory / script_name
-    if Path(script_name).is_absolute() or ".." in Path(script_name).parts:
-        raise TemplateError(f"script {script_name!r} must be a file inside {directory}")
+        texts = reader(str(directory))
+    except OwnerReadRefused as error:
+        refusal = error.refusal
+        raise TemplateError(
+            f"template {directory} not read as {refusal.owner}: {refusal.kind}: {refusal.reason}"
+        ) from error
+    return template_from_texts(texts, directory)
+
+
+def template_from_texts(texts: TemplateTexts, directory: Path) -> LaunchTemplate:
+    """A template from the texts its owner's reader returned."""
     try:
-        raw = script_path.read_bytes()
-    except OSError as error:
-        raise TemplateError(f"cannot read {script_path}: {error.strerror}") from error
-    if len(raw) > _MAX_SCRIPT_BYTES or b"\0" in raw:
-        raise TemplateError(f"{script_path} is not a script (binary or over 1 MB)")
-    try:
-        source = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise TemplateError(f"{script_path} is not UTF-8: {error}") from error
-    return parse_template(document, source, directory)
+        document = tomllib.loads(texts.toml_text)
+    except (tomllib.TOMLDecodeError, RecursionError) as error:
+        raise TemplateError(f"cannot read {directory / TEMPLATE_FILE}: {error}") from error
+    return parse_template(document, texts.script_text, directory)
+
+
+# What Python or Jinja can raise while a user's template renders; all become TemplateError.
+_RENDER_FAILURES = (
+    JinjaTemplateError,  # SecurityError, UndefinedError, TemplateSyntaxError
+    KnobError,
+    ArithmeticError,  # OverflowError, ZeroDivisionError
+    LookupError,
+    TypeError,
+    ValueError,  # UnicodeError
+    AttributeError,
+    RecursionError,
+    MemoryError,
+)
 
 
 def render(template: LaunchTemplate, knobs: Knobs | None = None) -> str:
@@ -210,9 +374,26 @@ def render(template: LaunchTemplate, knobs: Knobs | None = None) -> str:
             "vars": dict(template.variables),
             "name": template.name,
         }
-        return _compiled(template.script_source).render(context)
-    except (JinjaTemplateError, KnobError) as error:
+        return _bounded_render(_compiled(template.script_source), context)
+    except TemplateError as error:
         raise TemplateError(f"template {template.name}: {error}") from error
+    except _RENDER_FAILURES as error:
+        raise TemplateError(f"template {template.name}: {type(error).__name__}: {error}") from error
+
+
+def _bounded_render(compiled: Template, context: Mapping[str, object]) -> str:
+    """Render chunk by chunk, stopping at the output cap or the deadline."""
+    deadline = time.monotonic() + RENDER_DEADLINE_S
+    chunks: list[str] = []
+    size = 0
+    for chunk in compiled.generate(context):
+        size += len(chunk)
+        if size > MAX_RENDERED_CHARS:
+            raise TemplateError(f"the rendered script is over {MAX_RENDERED_CHARS} characters")
+        if time.monotonic() > deadline:
+            raise TemplateError(f"rendering took over {RENDER_DEADLINE_S:g}s")
+        chunks.append(chunk)
+    return "".join(chunks)
 
 
 def _sbatch_header(template: LaunchTemplate, knobs: Knobs) -> ShellSafe:
@@ -282,11 +463,31 @@ def _sbatch_option(key: str, value: object) -> tuple[str, str]:
 def _variable(key: str, value: object) -> tuple[str, VarValue]:
     if not _VAR_NAME.match(key):
         raise TemplateError(f"[vars] {key!r} is not a valid variable name")
-    if isinstance(value, str):
-        return key, value
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return key, tuple(value)
-    raise TemplateError(f"[vars] {key} must be a string or a list of strings")
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(item, str) for item in items):
+        raise TemplateError(f"[vars] {key} must be a string or a list of strings")
+    if len(items) > MAX_VAR_ITEMS or any(len(str(item)) > MAX_VAR_CHARS for item in items):
+        raise TemplateError(
+            f"[vars] {key}: at most {MAX_VAR_ITEMS} items of {MAX_VAR_CHARS} characters"
+        )
+    return key, tuple(str(item) for item in items) if isinstance(value, list) else str(value)
+
+
+def _config_base(table: Mapping[str, object]) -> dict[str, object]:
+    """The base of a rendered config: plain JSON, bounded in size and depth (it is written into
+    every revision's script)."""
+    stack: list[tuple[object, int]] = [(table, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_CONFIG_BASE_DEPTH:
+            raise TemplateError(f"[config_base] nested deeper than {MAX_CONFIG_BASE_DEPTH}")
+        if isinstance(value, Mapping):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+    if len(json.dumps(table, default=str)) > MAX_CONFIG_BASE_CHARS:
+        raise TemplateError(f"[config_base] is over {MAX_CONFIG_BASE_CHARS} characters as JSON")
+    return dict(table)
 
 
 def _checkpoint_spec(value: object) -> CheckpointSpec | None:

@@ -29,6 +29,7 @@ from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import Incident, Lineage, LineageStatus, Proposal, TemplateRevision
 from daemon.store.states import ProposalState
+from daemon.templates import LaunchTemplate, TemplateError
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,13 @@ def measure_progress(
     revision = session.get(TemplateRevision, revision_id) if revision_id is not None else None
     lineage = session.get(Lineage, proposal.lineage_id) if proposal.lineage_id else None
     if revision is not None and lineage is not None:
-        template = lineage_template(lineage, revision)
-        if template.checkpoint is not None:
+        try:
+            template: LaunchTemplate | None = lineage_template(lineage, revision, files)
+        except TemplateError as error:
+            # The owner's directory changed or went away: the log still tells the steps.
+            log.warning("lineage %s: template not read: %s", lineage.id, error)
+            template = None
+        if template is not None and template.checkpoint is not None:
             try:
                 scan = files.find_last_good(job, template.checkpoint)
             except OwnerReadRefused:

@@ -101,7 +101,7 @@ def approved_hardware_proposal(session: Session, job_id: int) -> int:
     assert submission is not None
     revision = session.get(TemplateRevision, submission.revision_id)
     assert revision is not None
-    template = lineage_template(lineage, revision)
+    template = lineage_template(lineage, revision, FakeFiles({}))
     planned = plan(HARDWARE, template, LineageHistory(), PlannerPolicy())
     assert isinstance(planned, Proposal)
     assert planned.remediation.remediator == "drain_and_exclude"

@@ -11,6 +11,7 @@ import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,33 +30,40 @@ DATA = Path(__file__).parent / "data" / "logs"
 SECRET = b"root-only: the owner must never see this line\n"
 
 
-def _alice() -> pwd.struct_passwd:
+def alice_owner() -> Owner:
+    """The local user alice, read as by root; the test is skipped where either is missing."""
     if os.geteuid() != 0:
         pytest.skip("dropping to the owner's rights needs root")
     try:
-        return pwd.getpwnam("alice")
+        entry = pwd.getpwnam("alice")
     except KeyError:
         pytest.skip("no local user alice (useradd -m alice)")
-
-
-@pytest.fixture
-def alice() -> Owner:
-    entry = _alice()
     return Owner(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 
-@pytest.fixture
-def alice_dir(alice: Owner) -> Iterator[Path]:
-    """A directory alice owns, under a parent she can traverse (pytest's tmp_path is root 0700)."""
+@contextmanager
+def owned_dir(owner: Owner) -> Iterator[Path]:
+    """A directory the owner owns, under a parent she can traverse (tmp_path is root 0700)."""
     parent = Path(tempfile.mkdtemp(prefix="owner-files-", dir="/tmp"))
     parent.chmod(0o755)
-    home = parent / "alice"
+    home = parent / owner.name
     home.mkdir()
-    os.chown(home, alice.uid, alice.gid)
+    os.chown(home, owner.uid, owner.gid)
     try:
         yield home
     finally:
         shutil.rmtree(parent)
+
+
+@pytest.fixture
+def alice() -> Owner:
+    return alice_owner()
+
+
+@pytest.fixture
+def alice_dir(alice: Owner) -> Iterator[Path]:
+    with owned_dir(alice) as home:
+        yield home
 
 
 def _root_only(directory: Path) -> Path:
@@ -73,15 +81,31 @@ def _as_alice(path: Path, alice: Owner, data: bytes) -> Path:
 
 
 def test_symlink_to_a_root_only_file_is_refused_never_read(alice: Owner, alice_dir: Path) -> None:
+    """The link leaves alice's tree (the log's directory): refused before the kernel is asked."""
     link = alice_dir / "train.log"
     link.symlink_to(_root_only(alice_dir))
     files = OwnerFiles(alice)
     for read in (lambda: files.read_tail(str(link), 4096), lambda: files.scan_log(str(link))):
         with pytest.raises(OwnerReadRefused) as refused:
             read()
-        assert refused.value.refusal.kind is RefusalKind.DENIED
+        assert refused.value.refusal.kind is RefusalKind.SYMLINK
         assert refused.value.refusal.owner == "alice"
+        assert "leaving" in refused.value.refusal.reason
         assert "root-only" not in str(refused.value)
+
+
+def test_a_link_inside_the_tree_to_a_root_only_file_is_denied_by_the_kernel(
+    alice: Owner, alice_dir: Path
+) -> None:
+    secret = alice_dir / "secret.log"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # root's, inside alice's directory: the walk allows it, the kernel not
+    link = alice_dir / "train.log"
+    link.symlink_to("secret.log")
+    with pytest.raises(OwnerReadRefused) as refused:
+        OwnerFiles(alice).read_tail(str(link), 4096)
+    assert refused.value.refusal.kind is RefusalKind.DENIED
+    assert "root-only" not in str(refused.value)
 
 
 def test_a_root_only_file_named_directly_is_refused(alice: Owner, alice_dir: Path) -> None:
@@ -185,5 +209,5 @@ def test_a_job_without_a_uid_is_never_read() -> None:
 
 
 def test_an_unknown_operation_is_refused(tmp_path: Path) -> None:
-    reply = answer({"op": "delete", "path": str(tmp_path)}, follow_symlinks=False)
+    reply = answer({"op": "delete", "path": str(tmp_path)}, as_owner=False)
     assert reply["refused"]["kind"] == RefusalKind.FAILED.value

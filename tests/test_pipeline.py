@@ -15,6 +15,7 @@ from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointScan, Che
 from daemon.config import Settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport, Phase
+from daemon.owner_files import OwnerFiles, TemplateTexts
 from daemon.pipeline import (
     PipelineDeps,
     failing_step,
@@ -89,6 +90,9 @@ class FakeFiles:
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
         found = self.checkpoints.get(job.job_id)
         return CheckpointScan(spec.root, found, (), "" if found else "none in this test")
+
+    def read_template(self, owner: str, directory: str) -> TemplateTexts:
+        return OwnerFiles.as_caller().read_template(directory)  # the test's own rights
 
 
 def failed_job(job_id: int, *, end: datetime = T0, state: JobState = JobState.FAILED) -> SlurmJob:
@@ -300,7 +304,7 @@ def test_a_lineage_jobs_log_is_found_from_its_template_when_slurm_forgot_it(
     job = dataclasses.replace(failed_job(5601), stdout_path=None, stderr_path=None)
     submission = records.lineage_submission(db_session, slurm_job_id=5601)
     assert submission is not None
-    found = with_template_paths(db_session, job, submission)
+    found = with_template_paths(db_session, job, submission, FakeFiles({}))
     assert found.stdout_path == "/home/alice/torchrun-example-5601.out"
     assert found.stderr_path is None
 

@@ -38,6 +38,7 @@ def submit_command(
     """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
     import json  # noqa: PLC0415
 
+    from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
     from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
     from daemon.slurm.errors import SubmissionError  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
@@ -62,9 +63,12 @@ def submit_command(
         raise click.UsageError("only root may submit as another user")
     directory = template_dir.resolve()
     try:
-        template = load_template(directory)
+        # Read as the owner, as the daemon will read it at every relaunch: a directory the
+        # owner cannot read (or one that links outside itself) is refused now, not later.
+        reader = OwnerFiles(Owner.from_name(owner)).read_template
+        template = load_template(directory, reader)
         first = initial_revision(template)
-    except TemplateError as error:
+    except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error
     engine = make_engine(settings.store)
     try:

@@ -1,7 +1,8 @@
 """`slurm-medic template ...`: import a script, show, render and diff template revisions.
 
 A template lives in a directory (`template.toml` + the Jinja2 script); its revisions are JSON
-files under `revisions/` in that directory (see daemon.templates.RevisionDir).
+files under `revisions/` in that directory (see daemon.templates.RevisionDir). The directory is
+read as the caller, through the same walk and caps as the daemon's reads as an owner.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import click
 
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import KnobError
+from daemon.owner_files import TEMPLATE_FILE
 from daemon.templates import (
     SCRIPT_FILE,
-    TEMPLATE_FILE,
     KnobChange,
     Patch,
     RevisionDir,

@@ -1,8 +1,9 @@
 """What reading as the job's owner costs: a setpriv child per read against reading in-process.
 
 A 256 MiB log of training progress lines with a real multi-rank OOM at its end (the scanner
-reads only the end), and a Hugging Face checkpoint tree of 50 checkpoints.
-Needs root and the local user `alice`.
+reads only the end), a Hugging Face checkpoint tree of 50 checkpoints, and a launch template
+directory. Then the component walk against the kernel's own lookup (`LocalReader`) on a tree of
+1,000 half-written checkpoints, in-process. Needs root and the local user `alice`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from daemon.checkpoints import CheckpointLayout, CheckpointSpec
+from daemon.checkpoints import CheckpointLayout, CheckpointSpec, find_last_good
 from daemon.owner_files import Owner, OwnerFiles
+from tests.bench.bench_templates import checkpoint_tree
 
 DATA = Path(__file__).parents[1] / "data" / "logs" / "torchrun_multirank_backward_oom.log"
+TEMPLATE = Path(__file__).parents[2] / "launch_templates" / "torchrun"
 LOG_BYTES = 256 * 1024 * 1024
 CHECKPOINTS = 50
 RUNS = 15
@@ -68,6 +71,7 @@ def main() -> None:
         os.chown(log, owner.uid, owner.gid)
         _tree(parent / "out", owner)
         spec = CheckpointSpec(CheckpointLayout.HF, str(parent / "out"))
+        shutil.copytree(TEMPLATE, parent / "tpl")
         child = OwnerFiles(owner, drop_privileges=True)
         here = OwnerFiles(owner, drop_privileges=False)
         print(
@@ -78,10 +82,19 @@ def main() -> None:
             scan = _median_ms(partial(files.scan_log, str(log)))
             read = _median_ms(partial(files.read_tail, str(log), 1024 * 1024))
             found = _median_ms(partial(files.find_last_good, spec))
+            template = _median_ms(partial(files.read_template, str(parent / "tpl")))
             print(
                 f"{label}: scan_log {scan:.1f} ms, read_tail 1 MiB {read:.1f} ms,"
-                f" find_last_good {found:.1f} ms"
+                f" find_last_good {found:.1f} ms, read_template {template:.1f} ms"
             )
+        checkpoint_tree(parent / "half", 1_000)
+        half = CheckpointSpec(CheckpointLayout.HF, str(parent / "half"))
+        walk = _median_ms(partial(OwnerFiles.as_caller().find_last_good, half))
+        lookup = _median_ms(partial(find_last_good, half))
+        print(
+            f"1,000 half-written checkpoints in-process: component walk {walk:.1f} ms,"
+            f" kernel lookup (LocalReader) {lookup:.1f} ms"
+        )
     finally:
         shutil.rmtree(parent)
 

@@ -1,4 +1,6 @@
-"""What the planning half of a relaunch costs: render, patch+diff, plan, import, checkpoint scan.
+"""What the planning half of a relaunch costs: render, patch+diff, plan, import, checkpoint scan,
+and what refusing a hostile template costs (nested loops, include, a recursive macro, huge
+arithmetic, too many tags: each refused from the parsed tree, before anything runs).
 
 Each figure is the median of several runs. The checkpoint scan is timed over real directory
 trees in a temporary directory: N half-written HF checkpoints above one complete one (the worst
@@ -22,7 +24,9 @@ from daemon.evidence.records import OomFamily, OomReport
 from daemon.planner import Attempt, LineageHistory, Outcome, PlannerPolicy, Proposal, plan
 from daemon.templates import (
     KnobChange,
+    LaunchTemplate,
     Patch,
+    TemplateError,
     apply_patch,
     import_script,
     initial_revision,
@@ -97,7 +101,31 @@ def checkpoint_tree(root: Path, half_written: int) -> None:
         (directory / "model.safetensors").write_text("w")
 
 
+HOSTILE = {
+    "nested range(100000) loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    ),
+    "include": "{% include '/etc/shadow' %}",
+    "recursive macro": "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
+    "2**100000": "{{ 2**100000 }}",
+    "'a'*10**9": "{{ 'a'*10**9 }}",
+    "2,001 tags": "{{ name | sh }}" * 2_001,
+}
+
+
+def refuse(template: LaunchTemplate, source: str) -> None:
+    try:
+        render(dataclasses.replace(template, script_source=source))
+    except TemplateError:
+        return
+    raise RuntimeError("a hostile template rendered")
+
+
 def main() -> None:
+    torchrun = load_template(EXAMPLES / "torchrun")
+    for label, body in HOSTILE.items():
+        source = torchrun.script_source + body + "\n"
+        report(f"refuse {label}", median_s(partial(refuse, torchrun, source), 20))
     for directory in sorted(path for path in EXAMPLES.iterdir() if path.is_dir()):
         template = load_template(directory)
         report(f"render {directory.name}", median_s(partial(render, template), 200))
