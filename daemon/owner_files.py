@@ -78,6 +78,9 @@ MAX_DEPTH = 64  # directories held open by one walk (each is a descriptor)
 CHILD_MEMORY_BYTES = 1024**3
 CHILD_OPEN_FILES = 256
 _CHILD_MODULE = "daemon.owner_files"
+# The largest honest answer is a read_tail's MAX_TAIL_BYTES in base64 (4/3) inside JSON; the
+# child runs as the owner, who could make it print anything, so more than that is refused.
+_MAX_ANSWER_BYTES = 2 * MAX_TAIL_BYTES
 _CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _MAX_REQUEST_CHARS = 1024 * 1024
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -296,6 +299,7 @@ class OwnerFiles:
                 input_text=json.dumps(request),
                 env=_CHILD_ENV,
                 cwd="/",
+                max_output_bytes=_MAX_ANSWER_BYTES,
             )
         except CommandTimeout as error:
             raise self._refusal(

@@ -209,7 +209,12 @@ class Medic:
             [str(MEDIC), "run", "--config", str(self.config)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.daemon_env},
+            # The daemon is root itself, never root for someone: a suite run through sudo
+            # must not hand it SUDO_UID, or its --config would be refused.
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("SUDO_")},
+                **self.daemon_env,
+            },
             start_new_session=True,
         )
 

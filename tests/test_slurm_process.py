@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.process import CommandError, CommandTimeout, run
+from daemon.process import CommandError, CommandOutputTooLarge, CommandTimeout, run
 
 
 def _alive(pid: int) -> bool:
@@ -70,3 +70,28 @@ def test_stdin_text_reaches_the_command() -> None:
     assert run(["cat"], timeout=10, input_text="#!/bin/bash\necho hi\n").stdout == (
         "#!/bin/bash\necho hi\n"
     )
+
+
+def test_a_flood_of_output_is_cut_at_the_cap_and_the_group_killed(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # `yes` would print forever; the writer ignores SIGTERM, so only SIGKILL ends it.
+    script = f"trap '' TERM; echo $$ > {pids}; yes 'flood of output'"
+    with pytest.raises(CommandOutputTooLarge) as caught:
+        run(["bash", "-c", script], timeout=60, max_output_bytes=1_000_000)
+    assert caught.value.stdout.startswith("flood of output\n")
+    assert len(caught.value.stdout) <= 64 * 1024
+    pid = int(pids.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_output_up_to_the_cap_and_a_large_stdin_pass_whole() -> None:
+    text = "x" * 3_000_000 + "\n"  # larger than any pipe buffer, both ways
+    echo = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read())"]
+    result = run(echo, input_text=text, max_output_bytes=len(text))
+    assert result.ok
+    assert result.stdout == text
+    with pytest.raises(CommandOutputTooLarge):
+        run(echo, input_text=text, max_output_bytes=len(text) - 1)

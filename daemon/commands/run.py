@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from daemon.config import ConfigError, load_settings
 from daemon.ssh import UnsafeKey
+from daemon.store.engine import RecordUnavailable, describe_failure, normalise_url
 from daemon.store.schema import SchemaBehind
 
 EXIT_CONFIG = 2
-EXIT_SCHEMA = 3
+EXIT_SCHEMA = 3  # the record is not usable: at another schema, missing or unreachable
 
 
 @click.command("run")
@@ -38,7 +40,13 @@ def run_command(
         with daemon_from_settings(settings) as daemon:
             try:
                 daemon.run(once=once)
-            except SchemaBehind as error:
+            except DBAPIError as error:
+                # Only a failure before the first cycle gets here (cycles retry their own):
+                # one line naming the record, never the driver's traceback or the password.
+                url = normalise_url(settings.store.url)
+                click.echo(f"slurm-medic run: {describe_failure(error, url)}", err=True)
+                raise SystemExit(EXIT_SCHEMA) from error
+            except (SchemaBehind, RecordUnavailable) as error:
                 click.echo(f"slurm-medic run: {error}", err=True)
                 raise SystemExit(EXIT_SCHEMA) from error
     except UnsafeKey as error:  # the probe key, checked as the prober is made

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from daemon.config import ConfigError, load_settings
+from daemon.config import ConfigError, load_settings, sudo_caller
 
 EXIT_CONFIG = 2
 EXIT_SUBMIT = 5
@@ -38,13 +38,14 @@ def submit_command(
     """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
     import json  # noqa: PLC0415
 
+    from daemon.commands.db import record_engine  # noqa: PLC0415
     from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
     from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
     from daemon.slurm.errors import SubmissionError  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
     from daemon.store import service_records as records  # noqa: PLC0415
-    from daemon.store.engine import make_engine, make_session_factory  # noqa: PLC0415
-    from daemon.store.schema import SchemaBehind, check_schema_current  # noqa: PLC0415
+    from daemon.store.engine import Access, make_session_factory  # noqa: PLC0415
+    from daemon.store.schema import check_schema_current  # noqa: PLC0415
     from daemon.templates import (  # noqa: PLC0415
         TemplateError,
         initial_revision,
@@ -57,9 +58,14 @@ def submit_command(
     except ConfigError as error:
         click.echo(f"slurm-medic submit: {error}", err=True)
         raise SystemExit(EXIT_CONFIG) from error
-    me = pwd.getpwuid(os.getuid()).pw_name
+    # Under sudo the person is the one who ran it, and they may submit only as themselves:
+    # root's right to submit for others is not theirs (deploy/README.md, "Privilege model").
+    caller = sudo_caller(os.environ, os.getuid())
+    real_uid = os.getuid() if caller is None else caller
+    me = pwd.getpwuid(real_uid).pw_name
     owner = as_user or me
-    if owner != me and os.geteuid() != 0:
+    really_root = caller is None and os.getuid() == 0 and os.geteuid() == 0
+    if owner != me and not really_root:
         raise click.UsageError("only root may submit as another user")
     directory = template_dir.resolve()
     try:
@@ -70,13 +76,12 @@ def submit_command(
         first = initial_revision(template)
     except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error
-    engine = make_engine(settings.store)
-    try:
+    actor = repo.Actor.user(me, real_uid)
+    with (
+        record_engine(settings, access=Access.WRITE) as engine,
+        make_session_factory(engine)() as session,
+    ):
         check_schema_current(engine)
-    except SchemaBehind as error:
-        raise click.ClickException(str(error)) from error
-    actor = repo.Actor.user(me, os.getuid())
-    with make_session_factory(engine)() as session:
         lineage = repo.create_lineage(
             session, name=template.name, owner=owner, template=str(directory)
         )
@@ -127,7 +132,6 @@ def submit_command(
         )
         session.commit()
         lineage_id = lineage.id
-    engine.dispose()
     if as_json:
         click.echo(json.dumps({"lineage": lineage_id, "job": job_id, "token": token}))
     else:
