@@ -1,16 +1,22 @@
 """The diagnosis: evidence in, a verdict out, with the numbers and rules that decided it.
 
-Pure: imports no subprocess, SSH or SQL. `diagnose` is implemented below the types.
+Pure: imports no subprocess, SSH or SQL. `diagnose` is implemented below the types. It gives
+a verdict for any well-typed evidence: a figure beyond its plausible range is set aside with a
+reason before any arithmetic, so no input ends in an exception or an unstorable record.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from daemon.evidence.oom import host_ram_is_certain
 from daemon.evidence.records import (
+    MAX_GPU_INDEX,
+    MAX_PID,
+    MAX_RANK,
+    MAX_STEP,
     Evidence,
     LogFindings,
     OomFamily,
@@ -20,7 +26,7 @@ from daemon.evidence.records import (
     ProbeVerdict,
     XidPolicy,
 )
-from daemon.evidence.units import format_size
+from daemon.evidence.units import MAX_BYTES, format_size
 from daemon.slurm.records import JobState
 
 
@@ -124,8 +130,9 @@ OUTSIDE_CACHE_SHARE = 0.25
 def diagnose(evidence: Evidence, history: History | None = None) -> Diagnosis:
     """Decide what killed the job, following the runbooks, and say which numbers decided it."""
     history = history or History()
+    evidence, set_aside = _within_ranges(evidence)
     log = evidence.log
-    context = _Context(evidence, history)
+    context = _Context(evidence, history, tuple(set_aside))
     for rule in (_hardware, _cotenant, _host_ram, _gpu_oom, _not_oom):
         verdict = rule(context)
         if verdict is not None:
@@ -135,10 +142,67 @@ def diagnose(evidence: Evidence, history: History | None = None) -> Diagnosis:
     return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
 
 
+def _within_ranges(evidence: Evidence) -> tuple[Evidence, list[str]]:
+    """The evidence with each figure beyond its plausible range dropped, and a reason for each.
+
+    The parsers drop such figures already; evidence read back from the store or built by other
+    code is held to the same ranges here, so the verdict's record fits the store's columns.
+    """
+    reasons: list[str] = []
+
+    def keep(value: int | None, low: int, high: int, what: str) -> int | None:
+        if value is None or low <= value <= high:
+            return value
+        reasons.append(f"{what} {_short(value)} is outside {low}..{high}: set aside")
+        return None
+
+    def size(value: int | None, what: str) -> int | None:
+        return keep(value, 0, MAX_BYTES, f"{what} bytes")
+
+    log = evidence.log
+    oom = log.oom
+    if oom is not None:
+        reasons.extend(oom.notes)
+        others = tuple(
+            process
+            for process in oom.other_processes
+            if 0 <= process.pid <= MAX_PID and 0 <= process.bytes <= MAX_BYTES
+        )
+        if len(others) < len(oom.other_processes):
+            reasons.append("other processes with an impossible pid or size: set aside")
+        oom = replace(
+            oom,
+            requested_bytes=size(oom.requested_bytes, "requested"),
+            total_bytes=size(oom.total_bytes, "total"),
+            free_bytes=size(oom.free_bytes, "free"),
+            allocated_bytes=size(oom.allocated_bytes, "allocated"),
+            reserved_bytes=size(oom.reserved_bytes, "reserved"),
+            reserved_unallocated_bytes=size(oom.reserved_unallocated_bytes, "unallocated"),
+            process_in_use_bytes=size(oom.process_in_use_bytes, "process in use"),
+            private_pool_bytes=size(oom.private_pool_bytes, "private pool"),
+            gpu_index=keep(oom.gpu_index, 0, MAX_GPU_INDEX, "GPU index"),
+            other_processes=others,
+        )
+    log = replace(
+        log,
+        rank=keep(log.rank, -MAX_RANK, MAX_RANK, "rank"),
+        step=keep(log.step, 0, MAX_STEP, "step"),
+        max_step_seen=keep(log.max_step_seen, 0, MAX_STEP, "highest step"),
+        oom=oom,
+    )
+    return replace(evidence, log=log), reasons
+
+
+def _short(value: int) -> str:
+    """A number as a reason can quote it: one of thousands of digits is only described."""
+    return str(value) if value.bit_length() <= 128 else f"(a {value.bit_length()}-bit number)"
+
+
 @dataclass(frozen=True)
 class _Context:
     evidence: Evidence
     history: History
+    set_aside: tuple[str, ...] = ()  # figures out of range, said in every verdict
 
     @property
     def log(self) -> LogFindings:
@@ -164,7 +228,7 @@ class _Context:
         return Diagnosis(
             kind=kind,
             confidence=confidence,
-            reasons=tuple(reasons),
+            reasons=(*reasons, *self.set_aside),
             rank=log.rank,
             node=self.node,
             step=log.step,
@@ -267,12 +331,13 @@ def _probe_cotenants(context: _Context, known: set[int]) -> tuple[list[str], lis
         for app in gpu.compute_apps:
             if wanted and app.gpu_uuid not in wanted:
                 continue
-            if app.pid in known or (app.used_bytes or 0) < COTENANT_MIN_BYTES:
+            used = app.used_bytes
+            if app.pid in known or used is None or not COTENANT_MIN_BYTES <= used <= MAX_BYTES:
                 continue
             pids.append(app.pid if app.pid is not None else -1)
             reasons.append(
                 f"after the job died, {app.process_name or 'an unnamed process'}"
-                f" (pid {app.pid}) still held {format_size(app.used_bytes or 0)}"
+                f" (pid {app.pid}) still held {format_size(used)}"
                 f" on GPU {gpu.index} of {probe.node}"
             )
     return reasons, pids, bool(wanted)
@@ -393,6 +458,11 @@ def _capacity_reasons(oom: OomReport) -> list[str]:
                 f"only {format_size(unallocated)} reserved but unallocated against the"
                 f" {format_size(requested)} request: not fragmentation"
             )
+        elif requested == 0:
+            reasons.append(
+                f"the failed request was for 0 bytes, with {format_size(unallocated)} reserved"
+                " but unallocated: the figures cannot tell fragmentation from a full card"
+            )
         else:
             reasons.append(
                 f"{format_size(unallocated)} reserved but unallocated is"
@@ -419,9 +489,9 @@ def _capacity_reasons(oom: OomReport) -> list[str]:
 
 
 def _numbers_confidence(oom: OomReport) -> Confidence:
-    if oom.requested_bytes is not None and oom.reserved_unallocated_bytes is not None:
-        return Confidence.HIGH
-    return Confidence.MEDIUM if oom.requested_bytes is not None else Confidence.LOW
+    if not oom.requested_bytes:  # none printed, or 0 bytes: no size to weigh the others against
+        return Confidence.LOW
+    return Confidence.HIGH if oom.reserved_unallocated_bytes is not None else Confidence.MEDIUM
 
 
 def _workspace_spike(context: _Context, oom: OomReport) -> str | None:

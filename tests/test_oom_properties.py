@@ -6,12 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.evidence.oom import parse_oom
-from daemon.evidence.units import KIB, SizeParseError, format_size, parse_size
+from daemon.evidence.units import KIB, MAX_BYTES, SizeParseError, format_size, parse_size
 
 UNIT_OF = {"bytes": 1, "KiB": KIB, "MiB": KIB**2, "GiB": KIB**3}
 
 
-@given(st.integers(min_value=0, max_value=2**62))
+@given(st.integers(min_value=0, max_value=MAX_BYTES))
 def test_format_then_parse_is_within_half_a_printed_hundredth(size: int) -> None:
     printed = format_size(size)
     unit = UNIT_OF[printed.split()[-1]]

@@ -12,6 +12,15 @@ from enum import StrEnum
 
 from daemon.slurm.records import SlurmJob
 
+# Plausible ranges. A parser drops a number beyond its range with a note before it enters a
+# record: the store keeps steps in signed 64-bit columns and ranks in 32-bit ones, and a figure
+# no job can reach is garbage in a log, not evidence. Sizes are bounded by `units.MAX_BYTES`.
+MAX_RANK = 2**20  # a million ranks: beyond any job, well within a 32-bit column
+MAX_STEP = 2**62  # within a signed 64-bit column with room to add to it
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
+MAX_GPU_INDEX = 2**10
+MAX_EXIT_CODE = 2**31 - 1  # a wait status or a negative signal number fits in 32 bits
+
 
 class OomFamily(StrEnum):
     """Which software reported running out of memory."""
@@ -64,6 +73,7 @@ class OomReport:
     alloc_conf: str | None = None  # PYTORCH_[CUDA_]ALLOC_CONF value, if the message named one
     suggests_max_split: bool = False  # the message carried the max_split_size_mb hint
     alloc_conf_var: str | None = None  # which spelling it named: PYTORCH_ALLOC_CONF or ..._CUDA_...
+    notes: tuple[str, ...] = ()  # figures the message printed that were dropped, and why
 
 
 @dataclass(frozen=True)
