@@ -41,9 +41,35 @@ class Phase(StrEnum):
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
     EVAL = "eval"
+    GENERATE = "generate"  # sampling / decoding (model.generate, an inference engine's step)
     CHECKPOINT_SAVE = "checkpoint_save"
     DATA_LOADING = "data_loading"
+    SETUP = "setup"  # before training: model placement, loading weights, wrapping (DDP, FSDP)
     UNKNOWN = "unknown"
+
+
+class RootCause(StrEnum):
+    """What the earliest root failure in the log was, before any diagnosis of why.
+
+    The cascade it sets off (collective timeouts on the other ranks, the agent's SIGTERMs,
+    "process group destroyed") is never the root cause; a collective timeout is the root cause
+    only when no earlier failure is in view.
+    """
+
+    ACCELERATOR_OOM = "cuda_oom"  # device memory: CUDA, HIP, XPU, MPS, XLA, cuBLAS/cuDNN/NCCL
+    HOST_RAM = "host_ram"  # killed for host memory: SIGKILL with no traceback, cgroup oom-kill
+    GPU_FAULT = "gpu_fault"  # the device failed: illegal access, ECC, fallen off the bus, XID
+    COLLECTIVE_TIMEOUT = "nccl_timeout"
+    OTHER_ERROR = "other_error"  # any other exception or non-zero exit
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A GPU fault the job's own log shows (`CUDA error: an illegal memory access ...`)."""
+
+    line: str  # the line that shows it, as printed
+    words: str  # what it means, in the XID catalog's words where an XID number is printed
+    xid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +123,8 @@ class LogFindings:
     job_pids: tuple[int, ...] = ()  # pids the log names as the job's own ranks (torchrun)
     traceback_seen: bool = False  # the root failure came with a Python traceback
     bytes_scanned: int = 0  # how much of the log's end the scan read
+    root_cause: RootCause | None = None  # None: the log shows no failure at all
+    gpu_fault: GpuFault | None = None
 
 
 class ProbeVerdict(StrEnum):
