@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.evidence.kernel_log import TimeWindow, parse_kernel_log
-from daemon.evidence.records import XidPolicy
+from daemon.evidence.records import MAX_PID, XidPolicy
 from daemon.evidence.xid import load_catalog
 
 DATA = Path(__file__).parent / "data" / "dmesg"
@@ -101,7 +101,9 @@ def test_any_text_parses_without_error(text: str) -> None:
     assert found.lines_in_window <= found.lines_read
 
 
-@given(st.integers(1, 200), st.integers(0, 2**31), st.text(alphabet="abcdefgh_ 0123", max_size=15))
+@given(
+    st.integers(1, 200), st.integers(0, MAX_PID), st.text(alphabet="abcdefgh_ 0123", max_size=15)
+)
 def test_any_xid_line_round_trips(code: int, pid: int, name: str) -> None:
     line = (
         "2026-11-22T03:10:00,5+00:00 "

@@ -5,6 +5,8 @@ The same operations run against the real cluster in test_slurm_cluster.py.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import pwd
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +22,7 @@ from daemon.slurm.errors import (
     JobNotFound,
     OperationRefused,
     SlurmCommandError,
+    SlurmParseError,
     SlurmUnavailable,
     SubmissionError,
 )
@@ -307,3 +310,27 @@ def test_a_script_that_is_not_text_is_refused_before_sbatch() -> None:
     with pytest.raises(SubmissionError, match="not UTF-8"):
         _cli(seam).submit("#!/bin/bash\necho \udcff\n", as_user=user)
     assert seam.calls == []
+
+
+def _array_with_an_unreadable_task() -> str:
+    """The real array job, with task 9_1 (job 16) ending past any time a record can hold."""
+    document = json.loads(_text("array.json"))
+    (task,) = [job for job in document["jobs"] if job["job_id"] == 16]
+    task["time"]["end"] = 10**19
+    return json.dumps(document)
+
+
+def test_a_poll_keeps_the_readable_jobs_and_logs_the_one_it_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seam = FakeSeam([_ok(_array_with_an_unreadable_task())])
+    with caplog.at_level(logging.WARNING, logger="daemon.slurm.backend"):
+        jobs = _cli(seam).finished_jobs(*WINDOW, states=[JobState.COMPLETED, JobState.FAILED])
+    assert sorted(job.display_id for job in jobs) == ["9_0", "9_2"]
+    assert "left out a record of sacct --json (dbv0.0.38) (16)" in caplog.text
+    assert "time.end" in caplog.text
+
+
+def test_a_job_whose_record_cannot_be_read_is_a_parse_error_not_an_unknown_job() -> None:
+    with pytest.raises(SlurmParseError, match=r"time\.end"):
+        _cli(FakeSeam([_ok(_array_with_an_unreadable_task())])).job(16)

@@ -11,35 +11,51 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from daemon.evidence.records import HostOomKill, XidEvent
+from daemon.evidence.records import MAX_PID, HostOomKill, XidEvent
 from daemon.evidence.xid import XidCatalog
 
 FALLEN_OFF_THE_BUS_XID = 79
+# Bounds on what one probe's kernel log may cost: every pattern below runs on lines of at
+# most MAX_LINE_CHARS, and only the newest MAX_LINES lines (a busy node's week) are read.
 MAX_LINE_CHARS = 4096
+MAX_LINES = 100_000
+# Times a record can hold whatever zone it is converted to.
+_YEARS = range(1970, 9999)
 
+# Every pattern is linear: no quantifier over an unbounded run is nested or followed by a
+# choice that sends it back over the same run; digits are ASCII. A process name as the kernel
+# prints it is at most 15 bytes (TASK_COMM_LEN): 64 leaves room to spare.
 _ISO_PREFIX = re.compile(
-    r"^(?P<stamp>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[,.]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
+    r"^(?P<stamp>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[,.][0-9]{1,9})?"
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)\s+"
+)
+_ISO_PARTS = re.compile(
+    r"(?P<base>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})"
+    r"(?P<fraction>\.[0-9]{1,9})?(?P<zone>Z|[+-][0-9]{2}:?[0-9]{2})?"
 )
 _JOURNAL_HOST = re.compile(r"^\S+\s+kernel:\s+")
-_MONOTONIC_PREFIX = re.compile(r"^\[\s*\d+\.\d+\]\s+")
-_SYSLOG_PREFIX = re.compile(r"^[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+\S+\s+kernel:\s+")
-_XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\):\s*"
-    r"(?P<code>\d{1,4})\b(?P<rest>.*)$"
+_MONOTONIC_PREFIX = re.compile(r"^\[\s*[0-9]+\.[0-9]+\]\s+")
+_SYSLOG_PREFIX = re.compile(
+    r"^[A-Z][a-z]{2}\s+[0-9]{1,2}\s+[0-9]{2}:[0-9]{2}:[0-9]{2}\s+\S+\s+kernel:\s+"
 )
-_XID_PID = re.compile(r"\bpid=(?P<pid>\d+|'<unknown>')")
-_XID_NAME = re.compile(r"\bname=(?P<name>[^,]*)")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,32}\):"
+    r"\s*(?P<code>[0-9]{1,4})\b"
+)
+_XID_PID = re.compile(r"\bpid=(?P<pid>[0-9]{1,7}\b|'<unknown>')")
+_XID_NAME = re.compile(r"\bname=(?P<name>[^,]{0,64})")
 _BUS_ADDRESS = re.compile(
     r"\b(?:PCI:)?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\b"
 )
 _FALLEN_OFF = re.compile(r"fallen off the bus", re.IGNORECASE)
 _KILLED = re.compile(
     r"(?P<cgroup>Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?):"
-    r"\s+Kill(?:ed)? process (?P<pid>\d+) \((?P<name>[^)]*)\)"
+    r"\s+Kill(?:ed)? process (?P<pid>[0-9]{1,7}) \((?P<name>[^)]{0,64})\)"
 )
 _OOM_KILL_CONTEXT = re.compile(r"oom-kill:(?P<fields>constraint=\S+)")
+_PID = re.compile(r"[0-9]{1,7}")
 
 
 @dataclass(frozen=True)
@@ -74,11 +90,22 @@ class _Line:
 def parse_kernel_log(
     text: str, *, catalog: XidCatalog, window: TimeWindow | None = None
 ) -> KernelLogFindings:
-    """Find XID, bus-loss and OOM-kill lines; with a window, only those inside it."""
-    lines = [_split_line(raw) for raw in text.split("\n") if raw.strip()]
+    """Find XID, bus-loss and OOM-kill lines; with a window, only those inside it.
+
+    Total: any text gives findings (lines it cannot read are not evidence), never an error.
+    """
+    raw_lines = [raw for raw in text.split("\n") if raw.strip()]
     notes: list[str] = []
-    if any("\x00" in line.text for line in lines):
+    if len(raw_lines) > MAX_LINES:
+        notes.append(
+            f"kernel log had {len(raw_lines)} lines: only the newest {MAX_LINES} were read"
+        )
+        raw_lines = raw_lines[-MAX_LINES:]
+    if "\x00" in text:
         notes.append("kernel log held NUL bytes; they were ignored")
+    if any(len(raw) > MAX_LINE_CHARS for raw in raw_lines):
+        notes.append(f"kernel log lines longer than {MAX_LINE_CHARS} characters were cut")
+    lines = [_split_line(raw) for raw in raw_lines]
     timed = [line for line in lines if line.time is not None]
     if window is None:
         selected = lines
@@ -100,7 +127,7 @@ def parse_kernel_log(
 
 
 def _split_line(raw: str) -> _Line:
-    line = raw.replace("\x00", "")[:MAX_LINE_CHARS].rstrip()
+    line = raw[:MAX_LINE_CHARS].replace("\x00", "").rstrip()
     match = _ISO_PREFIX.match(line)
     if match:
         rest = _JOURNAL_HOST.sub("", line[match.end() :], count=1)
@@ -113,19 +140,23 @@ def _split_line(raw: str) -> _Line:
 
 
 def _parse_iso(stamp: str) -> datetime | None:
-    """dmesg writes `2026-11-22T03:09:34,846095+00:00`; journalctl writes `+0000`."""
-    normalised = stamp.replace(",", ".").replace("Z", "+00:00")
-    match = re.match(r"^(.*T\d{2}:\d{2}:\d{2})(\.\d+)?(.*)$", normalised)
+    """dmesg writes `2026-11-22T03:09:34,846095+00:00`; journalctl writes `+0000`.
+
+    None for a time no record can hold (a year out of 1970..9998, after its zone's offset).
+    """
+    match = _ISO_PARTS.fullmatch(stamp.replace(",", "."))
     if match is None:
         return None
-    base, fraction, zone = match.groups()
-    fraction = (fraction or "")[:7]
-    if zone and re.fullmatch(r"[+-]\d{4}", zone):
+    fraction = (match.group("fraction") or "")[:7]
+    zone = (match.group("zone") or "").replace("Z", "+00:00")
+    if len(zone) == 5:
         zone = f"{zone[:3]}:{zone[3:]}"
     try:
-        return datetime.fromisoformat(f"{base}{fraction}{zone}")
-    except ValueError:
+        moment = datetime.fromisoformat(f"{match.group('base')}{fraction}{zone}")
+        in_utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
+    except (ValueError, OverflowError):
         return None
+    return moment if in_utc.year in _YEARS else None
 
 
 def _as_aware(moment: datetime | None, window: TimeWindow) -> datetime:
@@ -148,7 +179,7 @@ def _xid_events(lines: list[_Line], catalog: XidCatalog) -> tuple[XidEvent, ...]
             pci = match.group("pci").lower()
             if code == FALLEN_OFF_THE_BUS_XID:
                 buses_with_79.add(pci)
-            events.append(_event(catalog, code, pci, line, match.group("rest")))
+            events.append(_event(catalog, code, pci, line, line.text[match.end() :]))
             continue
         if _FALLEN_OFF.search(line.text):
             pci = _bus_near(lines, index)
@@ -174,7 +205,7 @@ def _bus_near(lines: list[_Line], index: int) -> str | None:
 def _event(catalog: XidCatalog, code: int, pci: str | None, line: _Line, rest: str) -> XidEvent:
     entry = catalog.entry(code)
     pid_match = _XID_PID.search(rest)
-    pid = int(pid_match.group("pid")) if pid_match and pid_match.group("pid").isdigit() else None
+    pid = _pid(pid_match.group("pid")) if pid_match else None
     name_match = _XID_NAME.search(rest)
     name = name_match.group("name").strip() if name_match else None
     return XidEvent(
@@ -198,13 +229,14 @@ def _oom_kills(lines: Iterable[_Line]) -> tuple[HostOomKill, ...]:
         context = _OOM_KILL_CONTEXT.search(line.text)
         if context is not None:
             fields = _context_fields(context.group("fields"))
-            if fields.get("constraint") == "CONSTRAINT_MEMCG" and fields.get("pid", "").isdigit():
-                memcg_pids.add(int(fields["pid"]))
+            pid = _pid(fields.get("pid", ""))
+            if fields.get("constraint") == "CONSTRAINT_MEMCG" and pid is not None:
+                memcg_pids.add(pid)
             continue
         killed = _KILLED.search(line.text)
-        if killed is None:
+        pid = _pid(killed.group("pid")) if killed is not None else None
+        if killed is None or pid is None:
             continue
-        pid = int(killed.group("pid"))
         kills.setdefault(
             pid,
             HostOomKill(
@@ -219,6 +251,14 @@ def _oom_kills(lines: Iterable[_Line]) -> tuple[HostOomKill, ...]:
         kill if kill.cgroup or kill.pid not in memcg_pids else _with_cgroup(kill)
         for kill in kills.values()
     )
+
+
+def _pid(text: str) -> int | None:
+    """A pid as Linux can have one (ASCII digits, at most PID_MAX_LIMIT), else None."""
+    if not _PID.fullmatch(text):
+        return None
+    pid = int(text)
+    return pid if pid <= MAX_PID else None
 
 
 def _with_cgroup(kill: HostOomKill) -> HostOomKill:

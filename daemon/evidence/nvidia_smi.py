@@ -7,7 +7,10 @@
 - `--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader`
 
 "N/A", "[Not Supported]" and friends are normal values and read as None, never as errors.
-Anything else the parsers cannot read raises `NvidiaSmiParseError` naming the line.
+Anything else the parsers cannot read raises `NvidiaSmiParseError` naming the line, the only
+error they raise: a node's GPU state read in part is not read, so one bad line fails the
+whole output (the probe then calls the node unreadable, never healthy). Numbers are ASCII
+digits within range; lines and line counts are bounded before anything is matched.
 """
 
 from __future__ import annotations
@@ -15,8 +18,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from daemon.evidence.records import MAX_GPU_INDEX, MAX_PID
+
 MIB = 1024 * 1024
 MAX_GPUS = 64
+# A driver 550 `-q` block of one GPU is about 300 lines with every section; `-d` fewer.
+MAX_QUERY_LINES = MAX_GPUS * 1000
+MAX_LINE_CHARS = 4096
+# A process name nvidia-smi prints is a path; longer ones are cut, not refused, so that a
+# co-tenant cannot make the output unreadable by its own name.
+MAX_PROCESS_NAME_CHARS = 1024
+# A counter (ECC errors, remapped rows, retired pages): 15 digits is beyond any GPU's life
+# and leaves the sums of several counters far inside a signed 64-bit column.
+_COUNTER = re.compile(r"[0-9]{1,15}")
+_LONG_NUMBER = re.compile(r"[0-9]{16,}")
 _UNAVAILABLE = {
     "n/a",
     "[n/a]",
@@ -31,8 +46,10 @@ _UNAVAILABLE = {
     "none",
     "",
 }
-_GPU_HEADER = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
-_MEMORY = re.compile(r"^(?P<n>\d+)\s*MiB$")
+_GPU_HEADER = re.compile(r"GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*")
+# 2**30 MiB is an exbibyte: no GPU's memory, and its bytes fit in 64 bits.
+_MEMORY = re.compile(r"(?P<n>[0-9]{1,10})\s*MiB")
+_MAX_MIB = 2**30
 
 
 class NvidiaSmiParseError(ValueError):
@@ -93,11 +110,13 @@ def normalise_bus_id(bus_id: str) -> str:
 def parse_query(text: str) -> tuple[GpuMemoryHealth, ...]:
     """Read the per-GPU blocks of `nvidia-smi -q -d ...`; a GPU header starts each block."""
     blocks: list[tuple[str, list[str]]] = []
-    for number, raw in enumerate(_lines(text), start=1):
+    for number, raw in enumerate(_lines(text, MAX_QUERY_LINES), start=1):
         line = raw.rstrip()
         if not line.strip():
             continue
-        header = _GPU_HEADER.match(line)
+        if len(line) > MAX_LINE_CHARS:
+            raise NvidiaSmiParseError(f"line {number} is longer than {MAX_LINE_CHARS} characters")
+        header = _GPU_HEADER.fullmatch(line)
         if header is not None:
             if len(blocks) >= MAX_GPUS:
                 raise NvidiaSmiParseError(f"more than {MAX_GPUS} GPU blocks")
@@ -115,11 +134,15 @@ def parse_gpu_rows(text: str) -> tuple[GpuQueryRow, ...]:
     """Read `index, uuid, pci.bus_id, memory.total, memory.used` CSV without a header."""
     rows: list[GpuQueryRow] = []
     for number, line in _csv_lines(text):
+        if len(line) > MAX_LINE_CHARS:
+            raise NvidiaSmiParseError(
+                f"query-gpu line {number} is longer than {MAX_LINE_CHARS} characters"
+            )
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) != 5:
             raise NvidiaSmiParseError(f"query-gpu line {number} has {len(cells)} fields, not 5")
         index = _int(cells[0])
-        if index is None:
+        if index is None or index > MAX_GPU_INDEX:
             raise NvidiaSmiParseError(f"query-gpu line {number} has no GPU index: {line[:120]!a}")
         rows.append(
             GpuQueryRow(
@@ -143,13 +166,17 @@ def parse_compute_apps(text: str) -> tuple[ComputeAppRow, ...]:
         if len(cells) < 4:
             raise NvidiaSmiParseError(f"compute-apps line {number} has {len(cells)} fields, not 4")
         uuid = _text(cells[0])
-        if uuid is None:
+        if uuid is None or len(uuid) > MAX_LINE_CHARS:
             raise NvidiaSmiParseError(f"compute-apps line {number} names no GPU: {line[:120]!a}")
+        pid = _int(cells[1])
+        if pid is not None and pid > MAX_PID:
+            raise NvidiaSmiParseError(f"compute-apps line {number}: pid {pid} is beyond Linux's")
+        name = _text(", ".join(cells[2:-1]))
         rows.append(
             ComputeAppRow(
                 gpu_uuid=uuid,
-                pid=_int(cells[1]),
-                process_name=_text(", ".join(cells[2:-1])),
+                pid=pid,
+                process_name=name[:MAX_PROCESS_NAME_CHARS] if name is not None else None,
                 used_bytes=_mib(cells[-1], number),
             )
         )
@@ -157,14 +184,20 @@ def parse_compute_apps(text: str) -> tuple[ComputeAppRow, ...]:
 
 
 def _csv_lines(text: str) -> list[tuple[int, str]]:
-    lines = [(n, line) for n, line in enumerate(_lines(text), start=1) if line.strip()]
+    lines = [(n, line) for n, line in enumerate(_lines(text, MAX_QUERY_LINES), start=1)]
+    lines = [(n, line) for n, line in lines if line.strip()]
     if len(lines) > MAX_GPUS * 64:
         raise NvidiaSmiParseError(f"{len(lines)} CSV lines is more than any node prints")
     return lines
 
 
-def _lines(text: str) -> list[str]:
-    """Only newlines end lines: str.splitlines() would also split on \x1e or U+2028 in a name."""
+def _lines(text: str, limit: int) -> list[str]:
+    """Only newlines end lines: str.splitlines() would also split on \x1e or U+2028 in a name.
+
+    Counted before they are split: a million empty lines is no output of nvidia-smi.
+    """
+    if text.count("\n") >= limit:
+        raise NvidiaSmiParseError(f"more than {limit} lines is more than any node prints")
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
@@ -270,11 +303,12 @@ def _retired(pages: _Node | None, name: str) -> int | None:
 
 
 def _int(value: str) -> int | None:
+    """A counter in ASCII digits; None for "N/A" and other words nvidia-smi prints instead."""
     cleaned = value.strip()
-    if cleaned.lower() in _UNAVAILABLE:
-        return None
-    if cleaned.isdigit() and len(cleaned) <= 19:
+    if _COUNTER.fullmatch(cleaned):
         return int(cleaned)
+    if _LONG_NUMBER.fullmatch(cleaned):
+        raise NvidiaSmiParseError(f"{cleaned[:40]}... is more digits than any counter holds")
     return None
 
 
@@ -287,7 +321,7 @@ def _mib(value: str, number: int) -> int | None:
     cleaned = value.strip()
     if cleaned.lower() in _UNAVAILABLE:
         return None
-    match = _MEMORY.match(cleaned)
-    if match is None:
+    match = _MEMORY.fullmatch(cleaned)
+    if match is None or int(match.group("n")) > _MAX_MIB:
         raise NvidiaSmiParseError(f"line {number}: {cleaned[:40]!a} is not a MiB amount")
     return int(match.group("n")) * MIB

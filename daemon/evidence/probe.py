@@ -43,6 +43,11 @@ from daemon.evidence.records import (
 from daemon.evidence.xid import XidCatalog
 
 DOCUMENT_FORMAT = "medic-node-probe/1"
+# An exit status as subprocess reports one: a negative signal number or a byte.
+MIN_EXIT_STATUS = -255
+MAX_EXIT_STATUS = 255
+_HOSTNAME_CHARS = 253
+_ERROR_CHARS = 400
 TOOL_NAMES = ("kernel_log", "gpu_health", "gpus", "compute_apps")
 DEFAULT_COTENANT_MIN_BYTES = 1024 * MIB
 GIB = 1024 * MIB
@@ -50,7 +55,8 @@ XID_CLEANUP_CODE = 45
 
 
 class ProbeDocumentError(ValueError):
-    """The probe printed something that is not its JSON document."""
+    """The probe printed something that is not its JSON document (the only error
+    `parse_document` raises; `interpret_probe` raises none: garbage is a verdict)."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,18 @@ def parse_document(text: str) -> ProbeDocument:
         raise ProbeDocumentError(
             f"probe output is not JSON ({error.msg} at char {error.pos}): {text[:80]!r}"
         ) from None
+    except (ValueError, RecursionError) as error:
+        # An integer of more than 4300 digits, or nesting deeper than the interpreter's stack.
+        raise ProbeDocumentError(f"probe output is not readable JSON: {str(error)[:80]}") from None
     if not isinstance(document, dict) or document.get("format") != DOCUMENT_FORMAT:
         raise ProbeDocumentError(f"probe output is not a {DOCUMENT_FORMAT} document")
     raw_tools = document.get("tools")
     if not isinstance(raw_tools, dict):
         raise ProbeDocumentError("probe document has no 'tools' object")
     tools = {name: _tool(name, raw_tools.get(name)) for name in TOOL_NAMES}
+    hostname = document.get("hostname")
     return ProbeDocument(
-        hostname=str(document.get("hostname") or ""),
+        hostname=hostname[:_HOSTNAME_CHARS] if isinstance(hostname, str) else "",
         collected_at=_time(document.get("collected_at")),
         tools=tools,
     )
@@ -149,16 +159,25 @@ def unreachable(node: str, probed_at: datetime, error: str) -> NodeProbe:
 
 
 def _tool(name: str, raw: object) -> ToolOutput:
+    """One tool's entry; a shape the probe never prints is that tool's error, not a crash."""
     if not isinstance(raw, dict):
         return ToolOutput(name, None, "", "", False, "missing from the probe document")
+    stdout, stderr = raw.get("stdout") or "", raw.get("stderr") or ""
+    if not isinstance(stdout, str) or not isinstance(stderr, str):
+        return ToolOutput(name, None, "", "", False, "its output is not text")
     exit_code = raw.get("exit_code")
+    plausible = (
+        isinstance(exit_code, int)
+        and not isinstance(exit_code, bool)
+        and MIN_EXIT_STATUS <= exit_code <= MAX_EXIT_STATUS
+    )
     return ToolOutput(
         name=name,
-        exit_code=exit_code if isinstance(exit_code, int) else None,
-        stdout=str(raw.get("stdout") or ""),
-        stderr=str(raw.get("stderr") or ""),
+        exit_code=exit_code if plausible else None,
+        stdout=stdout,
+        stderr=stderr,
         timed_out=bool(raw.get("timed_out")),
-        error=str(raw["error"]) if raw.get("error") else None,
+        error=str(raw["error"])[:_ERROR_CHARS] if raw.get("error") else None,
         truncated=bool(raw.get("truncated")),
     )
 

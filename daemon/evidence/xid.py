@@ -24,7 +24,9 @@ MAX_COUNT_THRESHOLD = 10_000
 
 
 class XidCatalogError(ValueError):
-    """The catalog file or an override is malformed; the message says which entry and why."""
+    """The catalog file or an override is malformed; the message says which entry and why.
+
+    The only error `parse_catalog` raises, whatever the text."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,9 @@ def parse_catalog(text: str) -> XidCatalog:
     """Read the catalog JSON; every entry is checked, so a hand edit cannot load half-broken."""
     try:
         document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise XidCatalogError(f"XID catalog is not JSON: {error}") from error
+    except (ValueError, RecursionError) as error:
+        # JSONDecodeError, an integer of more than 4300 digits, or nesting past the stack.
+        raise XidCatalogError(f"XID catalog is not JSON: {str(error)[:200]}") from error
     if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
         raise XidCatalogError("XID catalog must be an object with an 'entries' list")
     source = document.get("source")
@@ -145,10 +148,14 @@ def _parse_entry(raw: object, position: int) -> XidCatalogEntry:
     except ValueError:
         names = ", ".join(p.value for p in XidPolicy)
         raise XidCatalogError(
-            f"XID {code}: unknown policy {raw.get('policy')!r} (expected one of {names})"
+            f"XID {code}: unknown policy {repr(raw.get('policy'))[:80]} (expected one of {names})"
         ) from None
     threshold = raw.get("count_threshold")
-    if not isinstance(threshold, int) or not 1 <= threshold <= MAX_COUNT_THRESHOLD:
+    if (
+        not isinstance(threshold, int)
+        or isinstance(threshold, bool)
+        or not 1 <= threshold <= MAX_COUNT_THRESHOLD
+    ):
         raise XidCatalogError(
             f"XID {code}: count_threshold must be an integer in 1..{MAX_COUNT_THRESHOLD}"
         )

@@ -13,14 +13,25 @@ class SlurmError(Exception):
     """Base of every error the Slurm layer raises."""
 
 
+# How much of the offending text and of the reason an error keeps: a hostile record of
+# megabytes must not become a log line of megabytes.
+EXCERPT_CHARS = 200
+REASON_CHARS = 800
+
+
 class SlurmParseError(SlurmError):
-    """Slurm printed something this code cannot read; `source` names the command or format."""
+    """Slurm printed something this code cannot read; `source` names the command or format.
+
+    The only error the parsers of Slurm output raise (see `daemon.slurm.hostlist`,
+    `daemon.slurm.sacct`, `daemon.slurm.scontrol`).
+    """
 
     def __init__(self, message: str, *, source: str, excerpt: str = "") -> None:
         self.source = source
-        self.excerpt = excerpt[:200]
+        self.reason = message[:REASON_CHARS]
+        self.excerpt = excerpt[:EXCERPT_CHARS]
         detail = f" (near {self.excerpt!r})" if self.excerpt else ""
-        super().__init__(f"cannot parse {source}: {message}{detail}")
+        super().__init__(f"cannot parse {source}: {self.reason}{detail}")
 
 
 class SlurmCommandError(SlurmError):

@@ -10,7 +10,9 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-_SPEC = re.compile(r"%(\d*)([%AaJjNnstux])")
+_SPEC = re.compile(r"%([0-9]*)([%AaJjNnstux])")
+# Linux's PATH_MAX: a longer result is no file slurmd could have opened.
+MAX_PATH_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -28,19 +30,37 @@ class PathContext:
     task_id: int = 0
 
 
-def expand_std_path(pattern: str, context: PathContext, *, work_dir: str | None = None) -> str:
+def expand_std_path(
+    pattern: str, context: PathContext, *, work_dir: str | None = None
+) -> str | None:
     """Expand `%j %x %u %N %A %a %J %s %t %n %%` (with zero padding, `%3a`) in `pattern`.
 
     A backslash anywhere in the pattern turns replacement off, as in sbatch; relative results
     are joined to `work_dir` because that is where slurmd opens them. Unknown specifiers stay.
     `%a` of a job that is not an array task is 4294967294 (Slurm's NO_VAL), as slurmd writes.
+    None where the result cannot be a path (longer than PATH_MAX, or holding a NUL): both the
+    pattern and the job name are the user's, and `%x` a thousand times is not a log file.
     """
+    if len(pattern) > MAX_PATH_CHARS:
+        return None
     if "\\" in pattern:
         expanded = pattern.replace("\\", "")
     else:
-        expanded = _SPEC.sub(lambda match: _replace(match, context), pattern)
+        pieces: list[str] = []
+        length = 0
+        position = 0
+        for match in _SPEC.finditer(pattern):
+            pieces += [pattern[position : match.start()], _replace(match, context)]
+            length += len(pieces[-2]) + len(pieces[-1])
+            if length > MAX_PATH_CHARS:
+                return None
+            position = match.end()
+        pieces.append(pattern[position:])
+        expanded = "".join(pieces)
     if work_dir and not posixpath.isabs(expanded):
-        return posixpath.join(work_dir, expanded)
+        expanded = posixpath.join(work_dir, expanded)
+    if len(expanded) > MAX_PATH_CHARS or "\x00" in expanded:
+        return None
     return expanded
 
 
@@ -50,8 +70,9 @@ def default_stdout_pattern(*, is_array: bool) -> str:
 
 
 def _replace(match: re.Match[str], context: PathContext) -> str:
-    width_text, spec = match.group(1), match.group(2)
-    width = min(int(width_text), 10) if width_text else 0
+    # Three significant digits already say "more than 10": int() never sees a long run.
+    width_text, spec = match.group(1).lstrip("0"), match.group(2)
+    width = min(int(width_text[:3] or "0"), 10)
     if spec == "%":
         return "%"
     if spec == "x":

@@ -6,7 +6,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from daemon.slurm.errors import SlurmParseError
+
 MEDIC_REASON_PREFIX = "medic:"
+
+# What a number may be before a parser puts it in a record; anything beyond makes the record
+# unreadable, never a wrong value. Slurm keeps job ids, array task ids and het offsets in
+# 32 unsigned bits; the store keeps uids and exit codes in signed 32-bit columns.
+MAX_JOB_ID = 2**32 - 1
+MAX_UID = 2**31 - 1
+MAX_COUNT = 2**31 - 1
+MIN_EXIT_CODE = -(2**31)
+MAX_EXIT_CODE = 2**31 - 1
+MAX_SIGNAL = 255
+# Epoch seconds a record may hold: after 1970 (Slurm's 0 means "not yet") and a day short of
+# datetime's year 9999, so that any time zone's conversion of it stays in range.
+MAX_EPOCH_SECONDS = 253_402_128_000  # 9999-12-30T00:00:00Z
 
 
 class JobState(StrEnum):
@@ -130,6 +145,21 @@ class SlurmJob:
         if self.het_job_id is not None and self.het_job_offset is not None:
             return f"{self.het_job_id}+{self.het_job_offset}"
         return str(self.job_id)
+
+
+@dataclass(frozen=True)
+class RejectedRecord:
+    """A record a parser could not read, kept beside the ones it could: one bad record
+    never stops the rest, and it is never silently gone either."""
+
+    source: str  # the command or format: "sacct --json (dbv0.0.38)", "scontrol show node"
+    reason: str
+    excerpt: str  # the record's raw text, cut as SlurmParseError cuts it
+    record_id: str | None = None  # the job id or node name, when that much could be read
+
+    @classmethod
+    def of(cls, error: SlurmParseError, record_id: str | None = None) -> RejectedRecord:
+        return cls(error.source, error.reason, error.excerpt, record_id)
 
 
 class NodeBaseState(StrEnum):

@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from daemon.slurm.errors import SlurmParseError
-from daemon.slurm.hostlist import expand_hostlist
-from daemon.slurm.records import MEDIC_REASON_PREFIX, NodeBaseState, SlurmNode
+from daemon.slurm.hostlist import NODE_NAME, expand_hostlist
+from daemon.slurm.records import (
+    MAX_COUNT,
+    MAX_EPOCH_SECONDS,
+    MAX_JOB_ID,
+    MEDIC_REASON_PREFIX,
+    NodeBaseState,
+    RejectedRecord,
+    SlurmNode,
+)
+from daemon.slurm.sacct import local_time
 
+# Bounds on what one call may print before it is read: a whole cluster's nodes, one job.
+MAX_NODES_TEXT = 64 * 1024 * 1024
+MAX_JOB_TEXT = 1024 * 1024
 _FIELD_START = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_REASON_STAMP = re.compile(r"^(?P<text>.*?)\s*\[(?P<user>[^@\]]+)@(?P<time>[0-9T:-]+)\]\s*$", re.S)
+# `text [user@2026-11-22T03:12:58]`: the stamp slurmctld appends, read from the last `[`.
+_REASON_STAMP = re.compile(r"\[(?P<user>[^@\]]+)@(?P<time>[0-9T:-]{1,32})\]\s*")
 # Keys that may follow Reason= on a node line; anything else inside a reason is its text.
 _AFTER_REASON = ("Comment", "Extra", "InstanceId", "InstanceType", "ResumeAfterTime")
 _NODE_STATE_ALIASES = {"ALLOC": "ALLOCATED", "MIX": "MIXED", "DRAINED": "IDLE"}
@@ -28,8 +39,8 @@ _NODE_STATE_ALIASES = {"ALLOC": "ALLOCATED", "MIX": "MIXED", "DRAINED": "IDLE"}
 
 def validate_node_name(name: str) -> str:
     """Node names reach argv; refuse anything that could read as an option or a list."""
-    if not _NODE_NAME.match(name):
-        raise ValueError(f"not a node name: {name!r}")
+    if not NODE_NAME.fullmatch(name):
+        raise ValueError(f"not a node name: {name[:80]!r}")
     return name
 
 
@@ -78,27 +89,63 @@ def split_fields(line: str) -> dict[str, str]:
     return fields
 
 
-def parse_show_nodes(text: str, *, local_tz: tzinfo | None = None) -> tuple[SlurmNode, ...]:
-    """Every node of `scontrol --oneliner show node` (one line each, `NodeName=` first)."""
+@dataclass(frozen=True)
+class NodeReport:
+    """The nodes one call described, and the records among them that could not be read."""
+
+    nodes: tuple[SlurmNode, ...]
+    rejected: tuple[RejectedRecord, ...] = ()
+
+
+def parse_show_nodes(text: str, *, local_tz: tzinfo | None = None) -> NodeReport:
+    """Every node of `scontrol --oneliner show node` (one line each, `NodeName=` first).
+
+    A record that cannot be read (no NodeName, a name that is not a node name) is rejected
+    alone; SlurmParseError only when the text is too long or no record could be read.
+    """
+    source = "scontrol show node"
+    if len(text) > MAX_NODES_TEXT:
+        raise SlurmParseError(
+            f"{len(text)} characters is more than {MAX_NODES_TEXT}", source=source
+        )
     records = [chunk for chunk in re.split(r"(?m)^(?=NodeName=)", text) if chunk.strip()]
     nodes = []
+    rejected = []
     for record in records:
-        if not record.startswith("NodeName="):
-            raise SlurmParseError(
-                "record does not start with NodeName=", source="scontrol show node", excerpt=record
-            )
-        nodes.append(_node_from_fields(record.strip(), local_tz))
-    return tuple(nodes)
+        try:
+            if not record.startswith("NodeName="):
+                raise SlurmParseError(
+                    "record does not start with NodeName=", source=source, excerpt=record
+                )
+            nodes.append(_node_from_fields(record.strip(), local_tz))
+        except SlurmParseError as error:
+            rejected.append(RejectedRecord.of(error))
+    return _node_report(nodes, rejected, source)
+
+
+def _node_report(nodes: list[SlurmNode], rejected: list[RejectedRecord], source: str) -> NodeReport:
+    """Output whose every record is unreadable is not a partial answer: it is an error."""
+    if rejected and not nodes:
+        first = rejected[0]
+        raise SlurmParseError(
+            f"no node could be read ({len(rejected)} rejected); the first: {first.reason}",
+            source=source,
+            excerpt=first.excerpt,
+        )
+    return NodeReport(nodes=tuple(nodes), rejected=tuple(rejected))
 
 
 def _node_from_fields(record: str, local_tz: tzinfo | None) -> SlurmNode:
     fields = split_fields(record)
-    if not fields.get("NodeName"):
-        raise SlurmParseError("empty NodeName", source="scontrol show node", excerpt=record)
+    name = fields.get("NodeName", "")
+    if not NODE_NAME.fullmatch(name):
+        raise SlurmParseError(
+            "NodeName is not a node name", source="scontrol show node", excerpt=record
+        )
     reason_text, reason_user, reason_time = _split_reason(_reason_value(record), local_tz)
     base, flags = parse_node_state(fields.get("State", "UNKNOWN"))
     return SlurmNode(
-        name=fields["NodeName"],
+        name=name,
         address=_none_if_null(fields.get("NodeAddr")),
         state=base,
         flags=flags,
@@ -124,10 +171,12 @@ def _split_reason(
 ) -> tuple[str | None, str | None, datetime | None]:
     if value is None or value in {"", "(null)", "none"}:
         return None, None, None
-    stamp = _REASON_STAMP.match(value)
+    opening = value.rfind("[")
+    stamp = _REASON_STAMP.fullmatch(value, opening) if opening >= 0 else None
     if stamp is None:
         return value, None, None
-    return stamp.group("text"), stamp.group("user"), _local_time(stamp.group("time"), local_tz)
+    text = value[:opening].rstrip()
+    return text, stamp.group("user"), local_time(stamp.group("time"), local_tz)
 
 
 def parse_node_state(text: str) -> tuple[NodeBaseState, frozenset[str]]:
@@ -154,37 +203,51 @@ def parse_node_state(text: str) -> tuple[NodeBaseState, frozenset[str]]:
     return base, frozenset(flags)
 
 
-def parse_nodes_json(text: str) -> tuple[SlurmNode, ...]:
+def parse_nodes_json(text: str) -> NodeReport:
     """`scontrol --json show node` of 23.02 and later (state as a list of words)."""
+    source = "scontrol --json show node"
+    if len(text) > MAX_NODES_TEXT:
+        raise SlurmParseError(
+            f"{len(text)} characters is more than {MAX_NODES_TEXT}", source=source
+        )
     try:
         document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SlurmParseError(
-            f"invalid JSON: {error.msg}", source="scontrol --json show node", excerpt=text[:200]
-        ) from error
+    except (ValueError, RecursionError) as error:
+        raise SlurmParseError(f"invalid JSON: {error}", source=source, excerpt=text) from error
     raw_nodes = document.get("nodes") if isinstance(document, dict) else None
     if not isinstance(raw_nodes, list):
-        raise SlurmParseError("no `nodes` list", source="scontrol --json show node")
-    return tuple(_node_from_json(raw) for raw in raw_nodes if isinstance(raw, dict))
+        raise SlurmParseError("no `nodes` list", source=source)
+    nodes = []
+    rejected = []
+    for raw in raw_nodes:
+        try:
+            nodes.append(_node_from_json(raw))
+        except SlurmParseError as error:
+            rejected.append(RejectedRecord.of(error))
+    return _node_report(nodes, rejected, source)
 
 
-def _node_from_json(raw: Mapping[str, Any]) -> SlurmNode:
+def _node_from_json(raw: object) -> SlurmNode:
+    if not isinstance(raw, dict):
+        raise SlurmParseError(
+            "a node is not an object", source="scontrol --json show node", excerpt=repr(raw)
+        )
+    name = raw.get("name")
+    if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
+        raise SlurmParseError(
+            "name is not a node name", source="scontrol --json show node", excerpt=repr(name)
+        )
     states = raw.get("state") or []
     words = [str(word) for word in (states if isinstance(states, list) else [states])]
     base, flags = parse_node_state("+".join(words) if words else "UNKNOWN")
-    changed = raw.get("reason_changed_at")
-    if isinstance(changed, dict):
-        changed = changed.get("number") if changed.get("set") else None
     return SlurmNode(
-        name=str(raw["name"]),
+        name=name,
         address=_none_if_null(_text(raw.get("address"))),
         state=base,
         flags=flags,
         reason=_text(raw.get("reason")),
         reason_user=_text(raw.get("reason_set_by_user")),
-        reason_time=datetime.fromtimestamp(changed, tz=UTC)
-        if isinstance(changed, int) and changed
-        else None,
+        reason_time=_epoch(raw.get("reason_changed_at")),
         gres=_text(raw.get("gres")),
     )
 
@@ -205,8 +268,9 @@ class ControllerJob:
     restart_count: int
 
 
-_JOB_NAME = re.compile(r"\sJobName=(?P<name>.*?)\sUserId=(?=\S+\(\d+\)\sGroupId=)", re.S)
-_USER = re.compile(r"\sUserId=(?P<user>[^\s(]+)\((?P<uid>\d+)\)\sGroupId=")
+_JOB_NAME = re.compile(r"\sJobName=(?P<name>.*?)\sUserId=(?=\S+\([0-9]+\)\sGroupId=)", re.S)
+_USER = re.compile(r"\sUserId=(?P<user>[^\s(]+)\((?P<uid>[0-9]+)\)\sGroupId=")
+_COUNT = re.compile(r"[0-9]{1,10}")
 
 
 def parse_show_job(text: str) -> ControllerJob:
@@ -215,6 +279,10 @@ def parse_show_job(text: str) -> ControllerJob:
     The job name is cut between `JobName=` and the `UserId=name(uid) GroupId=` that always
     follows it, so a name holding `Key=` text or a newline still comes out whole.
     """
+    if len(text) > MAX_JOB_TEXT:
+        raise SlurmParseError(
+            f"{len(text)} characters is more than {MAX_JOB_TEXT}", source="scontrol show job"
+        )
     record = text.strip("\n")
     if not record.startswith("JobId="):
         raise SlurmParseError(
@@ -228,12 +296,9 @@ def parse_show_job(text: str) -> ControllerJob:
         )
     tail = split_fields(record[user_match.start() :].lstrip())
     head = split_fields(record[: name_match.start()])
-    try:
-        job_id = int(head["JobId"])
-    except (KeyError, ValueError) as error:
-        raise SlurmParseError(
-            "JobId is not a number", source="scontrol show job", excerpt=record
-        ) from error
+    job_id = _count(head.get("JobId"), "JobId", record, low=1, high=MAX_JOB_ID)
+    if job_id is None:
+        raise SlurmParseError("JobId is not a number", source="scontrol show job", excerpt=record)
     return ControllerJob(
         job_id=job_id,
         name=name_match.group("name"),
@@ -244,16 +309,28 @@ def parse_show_job(text: str) -> ControllerJob:
         work_dir=_none_if_null(tail.get("WorkDir")),
         stdout_path=_none_if_null(tail.get("StdOut")),
         stderr_path=_none_if_null(tail.get("StdErr")),
-        restart_count=_count(tail.get("Restarts"), record),
+        restart_count=_count(tail.get("Restarts"), "Restarts", record, low=0, high=MAX_COUNT) or 0,
     )
 
 
-def _count(value: str | None, record: str) -> int:
+def _count(value: str | None, what: str, record: str, *, low: int, high: int) -> int | None:
+    """ASCII digits within `low..high` (str.isdigit() also takes "²", which int() refuses)."""
     if value is None or value == "":
-        return 0
-    if not value.isdigit():
-        raise SlurmParseError("Restarts is not a count", source="scontrol show job", excerpt=record)
+        return None
+    if not _COUNT.fullmatch(value) or not low <= int(value) <= high:
+        raise SlurmParseError(
+            f"{what} is not a count in {low}..{high}", source="scontrol show job", excerpt=record
+        )
     return int(value)
+
+
+def _epoch(value: Any) -> datetime | None:
+    """A plain int or the no-value struct of newer releases; None where unset or implausible."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set") else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return datetime.fromtimestamp(value, tz=UTC) if 0 < value <= MAX_EPOCH_SECONDS else None
 
 
 def _none_if_null(value: str | None) -> str | None:
@@ -264,12 +341,3 @@ def _none_if_null(value: str | None) -> str | None:
 
 def _text(value: Any) -> str | None:
     return str(value) if value not in (None, "") else None
-
-
-def _local_time(text: str, local_tz: tzinfo | None) -> datetime | None:
-    try:
-        naive = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    zone = local_tz or datetime.now().astimezone().tzinfo
-    return naive.replace(tzinfo=zone).astimezone(UTC)
