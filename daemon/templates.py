@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
 from jinja2 import StrictUndefined, Template, Undefined, nodes
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -53,6 +52,8 @@ from daemon.owner_files import (
     OwnerReadRefused,
     TemplateTexts,
 )
+from daemon.slurm.errors import SlurmParseError
+from daemon.slurm.hostlist import expand_hostlist
 
 REVISIONS_DIR = "revisions"
 _MAX_SCRIPT_BYTES = MAX_TEMPLATE_FILE_BYTES
@@ -1078,8 +1079,8 @@ def _sbatch_line(importer: _Importer, line: str, where: str) -> bool:
 
 def _exclude(importer: _Importer, value: str, where: str) -> None:
     try:
-        nodes = importer.dialect.spec("exclude").validate(list(NodeSet(value)))
-    except (NodeSetException, KnobError) as error:
+        nodes = importer.dialect.spec("exclude").validate(list(expand_hostlist(value)))
+    except (SlurmParseError, KnobError) as error:
         raise TemplateError(f"{where}: exclude list {value!r} not understood: {error}") from error
     importer.take("exclude", nodes, f"{where}: exclude")
 

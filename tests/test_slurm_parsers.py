@@ -404,7 +404,7 @@ def test_sbatch_parsable_answers() -> None:
     assert parse_sbatch_parsable(_text(REAL / "sbatch-parsable.txt")) == (5, None)
     assert parse_sbatch_parsable(_text(REAL / "sbatch-parsable-cluster.txt")) == (30, "medic-dev")
     assert parse_sbatch_parsable("sbatch: warning: x\n123;medic-dev\n") == (123, "medic-dev")
-    for bad in ["", "Submitted batch job 12", "12;a;b", "-1"]:
+    for bad in ["", "Submitted batch job 12", "12;a;b", "-1", "0", "9" * 5000, "4294967296"]:
         with pytest.raises(SlurmParseError):
             parse_sbatch_parsable(bad)
 

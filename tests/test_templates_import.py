@@ -183,6 +183,8 @@ def test_jinja_syntax_in_a_script_is_carried_as_text() -> None:
         ("#SBATCH -N 2-4", "must be one fixed count"),
         ("#SBATCH --gres=gpu:a100:8,shard:2", "is not one GPU count per node"),
         ("#SBATCH --exclude=gpu-[01", "exclude list"),
+        # Ten million names: refused by count, never expanded.
+        ("#SBATCH --exclude=n[0-9999999]", "exclude list"),
     ],
 )
 def test_sbatch_options_a_knob_owns_must_be_understood(line: str, message: str) -> None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import fold_hostlist
+from daemon.slurm.records import MAX_JOB_ID
 from daemon.slurm.sacct import validate_job_id
 from daemon.slurm.scontrol import validate_node_name
 
-_PARSABLE_ANSWER = re.compile(r"^(?P<job_id>[0-9]+)(?:;(?P<cluster>[^\s;]+))?$")
-_SIGNAL = re.compile(r"^(?:SIG)?[A-Z0-9]{1,8}$")
+_PARSABLE_ANSWER = re.compile(r"(?P<job_id>[0-9]{1,10})(?:;(?P<cluster>[^\s;]{1,256}))?\Z")
+_SIGNAL = re.compile(r"(?:SIG)?[A-Z0-9]{1,8}\Z")
 # What a submission keeps of the submitting process's environment: where the commands are,
 # the language, and where Slurm's own configuration is when it is not in the default place.
 INHERITED_VARIABLES = ("PATH", "LANG", "SLURM_CONF")
@@ -102,9 +103,11 @@ def parse_sbatch_parsable(stdout: str) -> tuple[int, str | None]:
     if not lines:
         raise SlurmParseError("sbatch printed no job id", source="sbatch --parsable")
     match = _PARSABLE_ANSWER.match(lines[-1])
-    if match is None:
+    if match is None or not 0 < int(match.group("job_id")) <= MAX_JOB_ID:
         raise SlurmParseError(
-            "last line is not `id` or `id;cluster`", source="sbatch --parsable", excerpt=lines[-1]
+            "last line is not `id` or `id;cluster`",
+            source="sbatch --parsable",
+            excerpt=lines[-1][:200],
         )
     return int(match.group("job_id")), match.group("cluster")
 
