@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.evidence import oom
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.units import KIB, MAX_BYTES, SizeParseError, format_size, parse_size
 
@@ -66,3 +67,49 @@ def test_parse_oom_on_shuffled_message_fragments(parts: list[str]) -> None:
     if report is not None:
         for value in (report.requested_bytes, report.total_bytes, report.free_bytes):
             assert value is None or value >= 0
+
+
+FAMILY_WORDS = st.sampled_from(
+    [
+        "Killed",
+        "**Killed**",
+        "killed by signal: Killed",
+        "oom-kill event",
+        ": tasks 0-3: Out Of Memory",
+        "Out of memory: Killed process 12 (python)",
+        "Memory cgroup out of memory",
+        "Exceeded job memory limit",
+        "exitcode  : -9",
+        "Signal 9 (SIGKILL) received",
+        "DefaultCPUAllocator: can't allocate memory",
+        "not enough memory: you tried to allocate",
+        "std::bad_alloc",
+        "cuda OUT OF MEMORY.",
+        "OUTOFMEMORYERROR",
+        "MPS backend out of memory",
+        "TRIED TO ALLOCATE 2.00 GIB (GPU ",
+        "(GPU 0; 1.00 GiB TOTAL CAPACITY",
+        "GPU 1 HAS A TOTAL CAPACTY OF 9",
+        "more than 1EB",
+        "Resource Exhausted: Out of memory",
+        "RESOURCE_EXHAUSTED:",
+        "oom when allocating tensor",
+        "ResourceExhaustedError",
+        "\n",
+        "x",
+    ]
+)
+
+
+@given(st.lists(FAMILY_WORDS, max_size=6).map("".join))
+@settings(max_examples=300, deadline=None)
+def test_the_literal_prefilter_never_hides_a_match(text: str) -> None:
+    # detect_family runs a family's patterns only where one of its words is in the line
+    for pattern, words in (
+        (oom._HOST_RAM, oom._HOST_RAM_WORDS),
+        (oom._TORCH_OOM, oom._TORCH_WORDS),
+        (oom._XLA, oom._XLA_WORDS),
+        (oom._XLA_CERTAIN, oom._XLA_WORDS),
+    ):
+        if pattern.search(text):
+            assert any(word in text for word in words), (pattern.pattern[:40], text)

@@ -6,24 +6,41 @@ Sizes are exact to what was printed (see `units`): PyTorch rounds to 0.01 of the
 Every pattern runs in linear time on any text, and a figure beyond its plausible range (a size
 beyond 1 EiB, a pid beyond Linux's limit) is dropped with a note on the report, never stored.
 
-PyTorch wordings covered, oldest first:
-- 1.0-1.3: `(GPU 0; X total capacity; Y already allocated; Z free; W cached)`
+PyTorch wordings covered, oldest first (c10/cuda/CUDACachingAllocator.cpp):
+- 1.0-1.3: `(GPU 0; X total capacity; Y already allocated; Z free; W cached)`; a vendor
+  build adds `; V inactive` after `cached` (tests/data/real/oom/078)
 - 1.4-2.0: `...; W reserved in total by PyTorch)`, later with the `max_split_size_mb` hint
 - 2.1: `GPU 0 has a total capacty of X of which Y is free. [Process N has X memory in use.]
   [Including non-PyTorch memory, this process has X memory in use.] Of the allocated memory
   A is allocated by PyTorch, and B is reserved by PyTorch but unallocated.` (sic: capacty)
 - 2.2+: `capacity`, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, then private pools
   (`with P allocated in private pools (e.g., CUDA Graphs)`) and `PYTORCH_ALLOC_CONF`.
+- every era: `N allowed; ` before the allocated figures when a per-process memory fraction is
+  set (`allowed_info`), and `Tried to allocate more than 1EB memory.` for a request past 1 EiB.
+- the same allocator on ROCm (`HIP out of memory`) and Intel GPUs (`XPU out of memory`; IPEX's
+  old wording and the new one print no free figure), and Apple's `MPS backend out of memory
+  (MPS allocated: A, other allocations: O, max allowed: M). Tried to allocate X on private
+  pool.` with binary `KB`/`MB`/`GB` (aten/src/ATen/mps/MPSAllocator.mm).
+
+Real logs and posts carry the message in other shapes (tests/data/real/oom/README.md): its
+first words lost (it starts at `Tried to allocate 20.00 MiB (GPU 0; ...`, or is only the
+parenthetical), glued to other text (`whyCUDA out of memory`, `RuntimeError:CUDA`), inside a
+repr or a JSON string, in markdown bold, followed by other text on its line, and wrapped over
+lines. `parse_oom_block` reads a message from its first line and the lines after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from daemon.evidence.records import MAX_GPU_INDEX, MAX_PID, OomFamily, OomReport, OtherProcess
 from daemon.evidence.units import (
     MAX_BYTES,
     SIZE_PATTERN,
+    SizeBeyondRange,
     SizeParseError,
     bounded_int,
     size_from_parts,
@@ -31,6 +48,10 @@ from daemon.evidence.units import (
 
 MAX_MESSAGE_CHARS = 4096  # an OOM message is one long line; anything beyond is not its text
 MESSAGE_LEAD_CHARS = 200  # kept before the first trigger: the exception type and prefixes
+# The message's first line and those that may continue it: PyTorch 2.1's message hard-wrapped
+# at 80 columns takes 8 lines (tests/data/real/oom/075), the exception type alone on its line
+# one more (052).
+MAX_BLOCK_LINES = 9
 
 
 def _size(name: str) -> str:
@@ -38,10 +59,31 @@ def _size(name: str) -> str:
     return SIZE_PATTERN.replace("?P<number>", f"?P<{name}_n>").replace("?P<unit>", f"?P<{name}_u>")
 
 
+def _mps_size(name: str) -> str:
+    """A size as the MPS allocator prints it: `KB`/`MB`/`GB` (binary) besides bytes and `GiB`
+    (its newer builds print c10's units)."""
+    return (
+        rf"(?<![0-9.\-])(?P<{name}_n>[0-9]{{1,30}}(?:\.[0-9]{{1,30}})?)\s?"
+        rf"(?P<{name}_u>bytes|[KMGTPE]i?B)\b"
+    )
+
+
+# A size in a trigger: only its shape matters there (the figure is read later, exactly).
+_LOOSE_SIZE = r"[0-9][0-9.]{0,40} ?(?:bytes|[KMGTPE]iB)"
 _TORCH_OOM = re.compile(
-    r"(?:CUDA|HIP|XPU) out of memory\.|OutOfMemoryError|MPS backend out of memory", re.IGNORECASE
+    r"(?:CUDA|HIP|XPU) out of memory\."
+    r"|(?<!java\.lang\.)OutOfMemoryError"  # java.lang.OutOfMemoryError is the JVM's heap
+    r"|MPS backend out of memory"
+    # the message with its first words lost: from the request on (real/oom/035), the old
+    # parenthetical alone (036), or the 2.1+ capacity sentence
+    r"|Tried to allocate (?:more than 1EB|" + _LOOSE_SIZE + r" \(GPU )"
+    r"|\(GPU [0-9]{1,4}; " + _LOOSE_SIZE + r" total capac"
+    r"|GPU [0-9]{1,4} has a total capac(?:ity|ty) of [0-9]",
+    re.IGNORECASE,
 )
+_OUT_OF_MEMORY_SENTENCE = re.compile(r"out of memory\.", re.IGNORECASE)
 _REQUESTED = re.compile(r"Tried to allocate " + _size("v"))
+_REQUEST_BEYOND = re.compile(r"Tried to allocate more than 1EB")
 _GPU_INDEX = re.compile(r"\(GPU ([0-9]{1,30});|GPU ([0-9]{1,30}) has a total capac")
 _TOTAL_OLD = re.compile(_size("v") + r" total capac(?:ity|ty)\b")
 _TOTAL_NEW = re.compile(r"total capac(?:ity|ty) of " + _size("v"))
@@ -49,8 +91,10 @@ _ALLOCATED_OLD = re.compile(_size("v") + r" already allocated")
 _FREE_OLD = re.compile(_size("v") + r" free[;)]")
 _FREE_NEW = re.compile(r"of which " + _size("v") + r" is free")
 _RESERVED_OLD = re.compile(_size("v") + r" reserved in total by PyTorch", re.IGNORECASE)
-# 1.0-1.3 printed `cached` as the cached-but-unallocated part (it can be below `allocated`).
-_CACHED_OLD = re.compile(_size("v") + r" cached\)")
+# 1.0-1.3 printed `cached` as the cached-but-unallocated part (it can be below `allocated`);
+# a vendor build prints `; N inactive` after it (real/oom/078).
+_CACHED_OLD = re.compile(_size("v") + r" cached[;)]")
+_ALLOWED = re.compile(_size("v") + r" allowed;")  # the per-process memory fraction's cap
 _ALLOCATED_NEW = re.compile(r"Of the allocated memory " + _size("v") + r" is allocated by PyTorch")
 _PRIVATE_POOL = re.compile(r"with " + _size("v") + r" allocated in private pools")
 _UNALLOCATED_NEW = re.compile(_size("v") + r" is reserved by PyTorch but unallocated")
@@ -58,14 +102,46 @@ _THIS_PROCESS = re.compile(r"this process has " + _size("v") + r" memory in use"
 _OTHER_PROCESS = re.compile(r"Process (?P<pid>[0-9]{1,30}) has " + _size("v") + r" memory in use")
 _ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)\b(?:=([\w:,.]*\w))?")
 _MAX_SPLIT_HINT = re.compile(r"max_split_size_mb")
+_MPS = re.compile(r"MPS backend out of memory|MPS allocated: ")
+_MPS_ALLOCATED = re.compile(r"MPS allocated: " + _mps_size("v"))
+_MPS_OTHER = re.compile(r"other allocations: " + _mps_size("v"))
+_MPS_ALLOWED = re.compile(r"max allowed: " + _mps_size("v"))
+_MPS_REQUESTED = re.compile(r"Tried to allocate " + _mps_size("v") + r" on (?:private|shared) pool")
+# The message's last words, by era: once they are in, a following line is not its text.
+_TORCH_END = re.compile(
+    r"PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\b(?!=)"  # 1.11-2.1: "... Management and PYTORCH_..."
+    r"|environment-variables\)"  # 2.2+: the hint's URL
+    r"|unoccupied cached memory"  # XPU's hint
+    r"|HIGH_WATERMARK_RATIO"  # MPS's hint
+    r"|(?:cached|inactive|in total by PyTorch)\)[^\w\s]{0,3}\s*\Z"  # 1.0-1.10, no hint after
+)
+# A line that starts a record of its own, never the wrapped rest of a message.
+_NEW_RECORD = re.compile(
+    r"\s*\Z"
+    r"|\s*(?:Traceback \(most recent call last\)|File \"|During handling of|The above exception"
+    r"|Exception raised from|frame #[0-9]|```|\"\"\"|''')"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[ T_]"  # a timestamped record (logging, launchers)
+    r"|[IWEF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"  # glog
+    r"|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b"
+    r"|\[[^\]\n]{0,64}\]"  # a bracketed prefix: another rank's `[rank12]:`, a `[timestamp]`
+    r"|\([A-Za-z]\w{0,40} pid=[0-9]"  # a Ray or vLLM worker's `(RayWorkerWrapper pid=...`
+)
 
 _XLA = re.compile(r"RESOURCE_EXHAUSTED|Resource exhausted|OOM when allocating tensor", re.I)
+_XLA_MEMORY = re.compile(r"memory|allocat", re.IGNORECASE)
+# TensorFlow raises ResourceExhaustedError for its BFC allocator's OOM (real/oom/043).
+_XLA_CERTAIN = re.compile(r"ResourceExhaustedError")
+# The status ends the line: its message ("Out of memory while trying to allocate N bytes")
+# was wrapped onto the next one (real/oom/070: `Resource exhausted: Out ` / `of memory ...`).
+_XLA_WRAPPED = re.compile(r"(?:RESOURCE_EXHAUSTED|Resource exhausted): ?[^\n]{0,24}\Z", re.I)
 _XLA_REQUEST = re.compile(
     r"(?:trying to allocate|allocating) ([0-9]{1,30}) bytes|\(([0-9]{1,30})B\)"
 )
 _XLA_REQUEST_SIZE = re.compile(
     r"(?:trying to allocate|allocate request for|allocating) " + _size("v")
 )
+# TF's stream executor: `failed to allocate 32.00M (33554432 bytes) from device` (062, 063, 097)
+_BYTES_IN_PARENS = re.compile(r"\(([0-9]{1,30}) bytes\)")
 _NCCL = re.compile(r"NCCL WARN Cuda failure (?:\d+ )?'out of memory'")
 _NCCL_REQUEST = re.compile(r"Failed to CUDA calloc (?:async )?([0-9]{1,30}) bytes")
 _CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
@@ -73,7 +149,13 @@ _CUDNN = re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)", re.IG
 _CUDA_RUNTIME = re.compile(
     r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
     r"|cuda runtime error \(2\) : out of memory"
+    r"|CUDA Exception: out of memory"  # Haskell accelerate-cuda (real/oom/099)
+    r"|error == cudaSuccess\. 2 vs 0\b"  # Caffe2's enforce; CUDA error 2 is out of memory (060)
+    r"|hipErrorOutOfMemory|HIP_ERROR_OutOfMemory"  # the HIP runtime, TF on ROCm (063)
 )
+# ONNX Runtime's BFC arena (onnxruntime/core/framework/bfc_arena.cc, real/oom/094)
+_ONNX = re.compile(r"Failed to allocate memory for requested buffer of size [0-9]")
+_ONNX_REQUEST = re.compile(r"requested buffer of size ([0-9]{1,30})")
 _HOST_RAM = re.compile(
     r"Detected \d+ oom[-_]kill event"
     r"|oom[-_]kill event"
@@ -84,21 +166,76 @@ _HOST_RAM = re.compile(
     r"|\bKilled process \d+ \("
     r"|[Ee]xceeded (?:job|step) memory limit"
     r"|exceeded memory limit \(\d+ > \d+\), being killed"
-    r"|(?P<sigkill>"
-    r"^[^\S\n]*Killed[^\S\n]*$"  # a line of its own (not \s*, which would run across lines)
+    # host-RAM signs that do not name the OOM killer: a SIGKILL, a failed host allocation
+    r"|(?P<weak>"
+    # a line of its own (not \s*, which would run across lines); markdown may bold it (107)
+    r"^[^\S\n]*(?:\*\*)?Killed(?:\*\*)?[^\S\n]*$"
     r"|line \d+:\s+\d+ Killed\b"
     r"|: tasks? [\d\-,]+: Killed\b"
     r"|exitcode\s*:\s*-9\b"
     r"|failed \(exitcode: -9\)"
     r"|Signal 9 \(SIGKILL\) received"
+    r"|DefaultCPUAllocator: can't allocate memory"  # c10's CPU allocator (084, 085)
+    r"|not enough memory: you tried to allocate"  # TH's CPU allocator, PyTorch <= 0.4 (106)
+    r"|std::bad_alloc"  # C++ operator new (086)
     r")",
     re.MULTILINE,
 )
+_TRIGGERS = (
+    _HOST_RAM,
+    _NCCL,
+    _CUBLAS,
+    _CUDNN,
+    _TORCH_OOM,
+    _XLA,
+    _XLA_CERTAIN,
+    _CUDA_RUNTIME,
+    _ONNX,
+)
+# Figures the block's second reading (wrapped lines glued without a space) may fill in.
+_FIGURES = (
+    "requested_bytes",
+    "total_bytes",
+    "free_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "reserved_unallocated_bytes",
+    "process_in_use_bytes",
+    "private_pool_bytes",
+    "gpu_index",
+    "allowed_bytes",
+    "other_allocations_bytes",
+)
+
+
+# Literal words each family's patterns cannot match without (a pattern's every alternative
+# holds one): `in` finds them at C speed, so the patterns run only on the few lines that may
+# match. A scan asks every line it reads, most of which report nothing.
+_HOST_RAM_WORDS = (
+    "oom-kill",
+    "oom_kill",
+    "Out Of Memory",
+    "cgroup out of memory",  # not "out of memory" alone: every GPU message holds that
+    "Out of memory",
+    "illed",
+    "xceeded",
+    "exitcode",
+    "SIGKILL",
+    "CPUAllocator",
+    "not enough memory",
+    "bad_alloc",
+)
+_TORCH_WORDS = ("emory", "EMORY", "llocate", "LLOCATE", "apac", "APAC")  # any case: see _TORCH_OOM
+_XLA_WORDS = ("xhausted", "XHAUSTED", "OOM when", "oom when")
+
+
+def _has_any(text: str, words: tuple[str, ...]) -> bool:
+    return any(word in text for word in words)
 
 
 def detect_family(text: str) -> OomFamily | None:
     """Which OOM family a line belongs to, or None if it reports no out-of-memory."""
-    if _HOST_RAM.search(text):
+    if _has_any(text, _HOST_RAM_WORDS) and _HOST_RAM.search(text):
         return OomFamily.HOST_RAM
     if _NCCL.search(text):
         return OomFamily.NCCL
@@ -106,13 +243,21 @@ def detect_family(text: str) -> OomFamily | None:
         return OomFamily.CUBLAS
     if _CUDNN.search(text):
         return OomFamily.CUDNN
-    if _TORCH_OOM.search(text):
+    if _has_any(text, _TORCH_WORDS) and _TORCH_OOM.search(text):
         return OomFamily.TORCH_ALLOCATOR
-    if _XLA.search(text) and re.search(r"memory|allocat", text, re.IGNORECASE):
+    if _has_any(text, _XLA_WORDS) and (_XLA_CERTAIN.search(text) or _xla_status(text)):
         return OomFamily.XLA
     if _CUDA_RUNTIME.search(text):
         return OomFamily.CUDA_RUNTIME
+    if _ONNX.search(text):
+        return OomFamily.ONNX_RUNTIME
     return None
+
+
+def _xla_status(text: str) -> bool:
+    if _XLA.search(text) is None:
+        return False
+    return _XLA_MEMORY.search(text) is not None or _XLA_WRAPPED.search(text) is not None
 
 
 def parse_oom(text: str) -> OomReport | None:
@@ -123,46 +268,161 @@ def parse_oom(text: str) -> OomReport | None:
 
 def parse_oom_as(text: str, family: OomFamily) -> OomReport:
     """`parse_oom` of a text whose family `detect_family` gave already (a scan asks once)."""
-    text = _around_message(text)
-    message = _first_matching_line(text, family)
+    lines = _around_message(text).splitlines() or [""]
+    start = next((i for i, line in enumerate(lines) if detect_family(line) is family), 0)
+    return _parse_block(lines[start : start + MAX_BLOCK_LINES], family)
+
+
+def parse_oom_block(lines: Sequence[str]) -> OomReport | None:
+    """The OOM message that starts on `lines[0]`, read with the lines that follow it.
+
+    `lines` are one process's output with any log prefix removed: the line that reports the
+    out-of-memory and up to `MAX_BLOCK_LINES - 1` after it. Lines that continue a wrapped
+    message (hard-wrapped at a terminal's width, word-wrapped by a viewer or by rich, the
+    exception type alone on its line) are joined to it; a blank line, a traceback, a new log
+    record or the message's own last words end it. None when `lines[0]` reports no OOM.
+    """
+    if not lines:
+        return None
+    head = _from_trigger(lines[0])
+    family = detect_family(head)
+    return None if family is None else _parse_block([head, *lines[1:MAX_BLOCK_LINES]], family)
+
+
+def _parse_block(lines: list[str], family: OomFamily) -> OomReport:
     notes: list[str] = []
+    pieces = _message_lines(lines, family)
+    message = _joined(pieces, hard_wrapped=False)
     if family is OomFamily.TORCH_ALLOCATOR:
-        return _torch_report(message, notes)
-    requested = None
+        report = _torch_report(message, notes)
+        if len(pieces) > 1:
+            # A terminal that wraps at its width splits words and numbers anywhere
+            # (`Memory Mana` / `gement`, `12.0` / `0 GiB`): read it again glued without a
+            # space, and take from that reading only the figures the first one lacks.
+            report = _fill_missing(report, _torch_report(_joined(pieces, hard_wrapped=True), []))
+        return report
+    if family is OomFamily.HOST_RAM:
+        return OomReport(family=family, message=message)
+    following = "\n".join(line[:MAX_MESSAGE_CHARS] for line in lines[len(pieces) :])
+    requested, beyond = None, False
+    for text in (message, following):
+        requested, beyond = _request_of(family, text, notes)
+        if requested is not None or beyond:
+            break
+    return OomReport(
+        family=family,
+        message=message,
+        requested_bytes=requested,
+        request_beyond_any_device=beyond,
+        notes=tuple(notes),
+    )
+
+
+def _request_of(family: OomFamily, text: str, notes: list[str]) -> tuple[int | None, bool]:
+    """A non-PyTorch message's request in bytes, and whether it was beyond any device."""
+    patterns: tuple[re.Pattern[str], ...] = (_BYTES_IN_PARENS,)
     if family is OomFamily.XLA:
-        requested = _int(_XLA_REQUEST, text, MAX_BYTES, "requested bytes", notes)
-        if requested is None:
-            requested = _bytes(_XLA_REQUEST_SIZE, text, "requested size", notes)
+        patterns = (_XLA_REQUEST, _BYTES_IN_PARENS)
     elif family is OomFamily.NCCL:
-        requested = _int(_NCCL_REQUEST, text, MAX_BYTES, "requested bytes", notes)
-    return OomReport(family=family, message=message, requested_bytes=requested, notes=tuple(notes))
+        patterns = (_NCCL_REQUEST,)
+    elif family is OomFamily.ONNX_RUNTIME:
+        patterns = (_ONNX_REQUEST,)
+    for pattern in patterns:
+        match = pattern.search(text)
+        if match is None:
+            continue
+        digits = next(group for group in match.groups() if group is not None)
+        value = bounded_int(digits, MAX_BYTES)
+        if value is None:
+            notes.append(f"requested bytes {digits[:40]} beyond {MAX_BYTES}: dropped")
+            return None, True
+        return value, False
+    if family is OomFamily.XLA and (match := _XLA_REQUEST_SIZE.search(text)):
+        return _size_of(match, "requested size", notes), _beyond(match)
+    return None, False
 
 
 def _around_message(text: str) -> str:
     """The message and what follows it, bounded: a huge line must not hide or slow the parse."""
-    starts = [
-        match.start()
-        for pattern in (_HOST_RAM, _NCCL, _CUBLAS, _CUDNN, _TORCH_OOM, _XLA, _CUDA_RUNTIME)
-        if (match := pattern.search(text)) is not None
-    ]
-    start = max(0, min(starts) - MESSAGE_LEAD_CHARS)
+    starts = [match.start() for pattern in _TRIGGERS if (match := pattern.search(text)) is not None]
+    start = max(0, min(starts, default=0) - MESSAGE_LEAD_CHARS)
     return text[start : start + MAX_MESSAGE_CHARS]
 
 
-def _first_matching_line(text: str, family: OomFamily) -> str:
-    lines = text.splitlines()
-    if len(lines) == 1:
-        return lines[0].strip()  # the message itself: no need to detect its family again
-    for line in lines:
-        if detect_family(line) is family:
-            return line.strip()
-    return text.strip()
+def _from_trigger(line: str) -> str:
+    """The part of a line a message can be read from: from shortly before its trigger."""
+    return _around_message(line)
+
+
+def _message_lines(lines: list[str], family: OomFamily) -> list[str]:
+    """The message's first line and the lines that continue it (a wrapped message)."""
+    pieces = [_from_trigger(lines[0])]
+    if family not in (OomFamily.TORCH_ALLOCATOR, OomFamily.XLA):
+        return pieces
+    for line in lines[1:]:
+        so_far = " ".join(pieces)
+        if len(so_far) >= MAX_MESSAGE_CHARS or not _continues(so_far, line, family):
+            break
+        pieces.append(line[:MAX_MESSAGE_CHARS])
+    return pieces
+
+
+def _continues(so_far: str, line: str, family: OomFamily) -> bool:
+    if _NEW_RECORD.match(line[:MAX_MESSAGE_CHARS]):
+        return False
+    if family is OomFamily.XLA:
+        return _XLA_WRAPPED.search(so_far) is not None
+    if _TORCH_END.search(so_far):
+        return False
+    # a second "... out of memory." starts another message (a logger's copy of the first)
+    return not (_OUT_OF_MEMORY_SENTENCE.search(line) and _OUT_OF_MEMORY_SENTENCE.search(so_far))
+
+
+def _joined(pieces: list[str], *, hard_wrapped: bool) -> str:
+    """One line of text from a message's lines, as patterns can read it.
+
+    Word-wrapping drops the space where it breaks a line, so lines are joined with one, except
+    between two digits (a terminal broke a number: `31.7` / `5`), or everywhere when the
+    message is taken as hard-wrapped. Markdown bold (`**17179869184.00 GiB**`) is dropped and
+    runs of whitespace become one space.
+    """
+    text = pieces[0]
+    for piece in pieces[1:]:
+        split_number = text[-1:] in _NUMBER_CHARS and piece[:1] in _NUMBER_CHARS
+        text += piece if hard_wrapped or split_number else f" {piece}"
+    return " ".join(text.replace("**", "").split())[:MAX_MESSAGE_CHARS]
+
+
+_NUMBER_CHARS = frozenset("0123456789.")
+
+
+def _fill_missing(report: OomReport, other: OomReport) -> OomReport:
+    changes: dict[str, Any] = {
+        name: getattr(other, name)
+        for name in _FIGURES
+        if getattr(report, name) is None and getattr(other, name) is not None
+    }
+    if not report.other_processes and other.other_processes:
+        changes["other_processes"] = other.other_processes
+    if not changes:
+        return report
+    notes = report.notes + tuple(note for note in other.notes if note not in report.notes)
+    return dataclasses.replace(report, notes=notes, **changes)
 
 
 def _torch_report(message: str, notes: list[str]) -> OomReport:
     def size(pattern: re.Pattern[str], what: str) -> int | None:
         return _bytes(pattern, message, what, notes)
 
+    if _MPS.search(message):
+        return _mps_report(message, notes)
+    requested_match = _REQUESTED.search(message)
+    requested = (
+        None if requested_match is None else _size_of(requested_match, "requested size", notes)
+    )
+    beyond = _REQUEST_BEYOND.search(message) is not None or (
+        requested_match is not None and _beyond(requested_match)
+    )
     allocated_old = size(_ALLOCATED_OLD, "already allocated")
     reserved_old = size(_RESERVED_OLD, "reserved in total")
     allocated_new = size(_ALLOCATED_NEW, "allocated by PyTorch")
@@ -188,7 +448,7 @@ def _torch_report(message: str, notes: list[str]) -> OomReport:
     return OomReport(
         family=OomFamily.TORCH_ALLOCATOR,
         message=message,
-        requested_bytes=size(_REQUESTED, "requested size"),
+        requested_bytes=requested,
         total_bytes=total_new if total_new is not None else size(_TOTAL_OLD, "total capacity"),
         free_bytes=free_new if free_new is not None else size(_FREE_OLD, "free"),
         allocated_bytes=allocated,
@@ -201,6 +461,26 @@ def _torch_report(message: str, notes: list[str]) -> OomReport:
         alloc_conf=None if conf is None else conf.group(2),
         alloc_conf_var=None if conf is None else conf.group(1),
         suggests_max_split=_MAX_SPLIT_HINT.search(message) is not None,
+        notes=tuple(notes),
+        allowed_bytes=size(_ALLOWED, "allowed"),
+        request_beyond_any_device=beyond,
+    )
+
+
+def _mps_report(message: str, notes: list[str]) -> OomReport:
+    """Apple's allocator prints its heap, what else the process holds, and its watermark."""
+    requested_match = _MPS_REQUESTED.search(message)
+    requested = (
+        None if requested_match is None else _size_of(requested_match, "requested size", notes)
+    )
+    return OomReport(
+        family=OomFamily.TORCH_ALLOCATOR,
+        message=message,
+        requested_bytes=requested,
+        allocated_bytes=_bytes(_MPS_ALLOCATED, message, "MPS allocated", notes),
+        other_allocations_bytes=_bytes(_MPS_OTHER, message, "other allocations", notes),
+        allowed_bytes=_bytes(_MPS_ALLOWED, message, "max allowed", notes),
+        request_beyond_any_device=requested_match is not None and _beyond(requested_match),
         notes=tuple(notes),
     )
 
@@ -218,8 +498,9 @@ def _other_processes(message: str, notes: list[str]) -> tuple[OtherProcess, ...]
 
 
 def host_ram_is_certain(text: str) -> bool:
-    """True when a host-RAM line names the OOM killer; False for a bare SIGKILL."""
-    return any(match.group("sigkill") is None for match in _HOST_RAM.finditer(text))
+    """True when a host-RAM line names the OOM killer; False for a bare SIGKILL or a failed
+    host allocation."""
+    return any(match.group("weak") is None for match in _HOST_RAM.finditer(text))
 
 
 def nccl_request_bytes(text: str) -> int | None:
@@ -238,6 +519,17 @@ def _size_of(match: re.Match[str], what: str, notes: list[str]) -> int | None:
     except SizeParseError as error:
         notes.append(f"{what}: {error}; dropped")
         return None
+
+
+def _beyond(match: re.Match[str]) -> bool:
+    """A printed size past any device's memory (not merely malformed)."""
+    try:
+        size_from_parts(match["v_n"], match["v_u"])
+    except SizeBeyondRange:
+        return True
+    except SizeParseError:
+        return False
+    return False
 
 
 def _int(

@@ -35,6 +35,15 @@ UNIT_BYTES: dict[str, int] = {
     "tib": TIB,
     "pib": PIB,
     "eib": EIB,
+    # Binary too, whatever the names suggest: PyTorch's MPS allocator prints `KB`/`MB`/`GB` for
+    # 2**10/2**20/2**30 (`format_size` in aten/src/ATen/mps/MPSAllocator.h), as TF's stream
+    # executor prints `M`/`G`. Only a pattern that names them reads them: `SIZE_PATTERN` does not.
+    "kb": KIB,
+    "mb": MIB,
+    "gb": GIB,
+    "tb": TIB,
+    "pb": PIB,
+    "eb": EIB,
 }
 
 # No honest figure in a log has more digits (2**64 has 20); a longer run of digits is not a number.
@@ -57,6 +66,10 @@ class SizeParseError(ValueError):
     """A size string that is not a number with a known binary unit."""
 
 
+class SizeBeyondRange(SizeParseError):
+    """A well-formed size beyond `MAX_BYTES`: no device holds it (a size bug, or garbage)."""
+
+
 def parse_size(text: str) -> int:
     """Exact bytes of a printed size such as `20.00 MiB`, `0 bytes`, `1.5TiB`."""
     match = _SIZE_RE.fullmatch(text)
@@ -75,7 +88,7 @@ def size_from_parts(number: str, unit: str) -> int:
     with localcontext(prec=2 * MAX_NUMBER_DIGITS + 20):  # exact: no rounding before ours
         value = Decimal(number) * multiplier
     if value > MAX_BYTES:
-        raise SizeParseError(f"{number[:40]} {unit} is beyond {MAX_BYTES} bytes (1 EiB)")
+        raise SizeBeyondRange(f"{number[:40]} {unit} is beyond {MAX_BYTES} bytes (1 EiB)")
     return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
@@ -98,6 +111,18 @@ def bounded_int(text: str, limit: int) -> int | None:
         return None
     value = int(text)
     return value if abs(value) <= limit else None
+
+
+def rounding_error(size: int) -> int:
+    """The most a size printed by PyTorch (`format_size`) can differ from the true size: half a
+    hundredth of the unit it is printed in (bytes are printed whole)."""
+    if size <= KIB:
+        return 0
+    if size <= MIB:
+        return KIB // 200 + 1
+    if size <= GIB:
+        return MIB // 200 + 1
+    return GIB // 200 + 1
 
 
 def format_size(size: int) -> str:
