@@ -31,8 +31,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET
 from daemon.evidence.prober import ProbeSettings
-from daemon.owner_files import MAX_TAIL_BYTES
+from daemon.owner_files import MAX_SCAN_BYTES
 from daemon.slurm.records import JobState
 from daemon.store.settings import DEFAULT_STATE_DIR, StoreSettings
 
@@ -111,11 +112,13 @@ class ManagedSettings(_Section):
 
 class WedgeSettings(_Section):
     """A running job whose log shows a rank's root failure while the others hang is cancelled
-    after `grace_s` (long enough for a framework's own abort to win if it is coming)."""
+    after `grace_s` (long enough for a framework's own abort to win if it is coming). Its log is
+    scanned back at most `log_tail_bytes` from the end at each look: a hanging job's log ends
+    with the failure, before any timeout cascade."""
 
     enabled: bool = True
     grace_s: float = Field(default=120.0, ge=0, le=86400)
-    log_tail_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=MAX_TAIL_BYTES)
+    log_tail_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=MAX_SCAN_BYTES)
 
 
 class PolicySettings(_Section):
@@ -174,8 +177,10 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     verify: VerifySettings = VerifySettings()
     slurm_timeout_s: float = Field(default=30.0, gt=0, le=600)
-    # The owner's reader hands over at most MAX_TAIL_BYTES of a log's end.
-    log_max_bytes: int = Field(default=MAX_TAIL_BYTES, ge=64 * 1024, le=MAX_TAIL_BYTES)
+    # How far back from a log's end its scan may look: the owner's reader opens the log and
+    # scans it as `slurm-medic diagnose --log` does, only as far back as the root failure needs,
+    # within the scanner's time limit; nothing but the findings is handed over.
+    log_max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=MAX_SCAN_BYTES)
 
     @classmethod
     def settings_customise_sources(

@@ -8,8 +8,14 @@ happens in a short-lived child that has become the owner (`setpriv --reuid --reg
 checks, says what the owner may read. The child limits itself before it reads a byte (1 GiB of
 address space, CPU a little over the timeout, no file writes, few descriptors, no core), so a
 hostile file can only break the child: the caller gets a refusal of kind `failed` or `timeout`.
-The child answers one JSON request with one JSON line; log tails are scanned in the child too,
-so the daemon never holds more than the findings.
+The child answers one JSON request with one JSON line. A job log is scanned in the child too,
+as `slurm-medic diagnose --log` scans it: the child opens the log through the walk and runs the
+job-log scanner on its descriptor, from the end back as far as the scan needs (the root failure
+behind a cascade of thousands of ranks) and at most `max_bytes`, within the scanner's time limit.
+The scanner reads with `pread` in windows of a few MiB and keeps only what its analysis needs,
+so the 1 GiB address-space limit holds whatever the log's size (a memory map of a huge log
+would count against it, and a log cut short under it would kill the child with SIGBUS). The
+daemon never holds more than the findings.
 
 Not running as root, the same walk runs in this process with its own rights.
 
@@ -37,7 +43,6 @@ from __future__ import annotations
 import base64
 import errno
 import fcntl
-import io
 import json
 import math
 import os
@@ -64,13 +69,16 @@ from daemon.checkpoints import (
     Skipped,
     find_last_good,
 )
-from daemon.evidence.joblog import LogReadError, scan_log
+from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET, LogReadError, scan_log
 from daemon.evidence.records import LogFindings
 from daemon.process import CommandError, CommandTimeout, run
 from daemon.store.codec import CodecError, from_json, to_json
 
 DEFAULT_TIMEOUT_S = 60.0
-MAX_TAIL_BYTES = 16 * 1024 * 1024
+MAX_TAIL_BYTES = 16 * 1024 * 1024  # what `read_tail` hands over, base64 in one JSON line
+# How far back a log scan may be asked to look: the scan's time limit bounds its work whatever
+# this is, and it reads in windows, never the whole span at once.
+MAX_SCAN_BYTES = 1024**4
 TEMPLATE_FILE = "template.toml"
 MAX_TEMPLATE_FILE_BYTES = 1_000_000  # template.toml and its script: real ones are a few KB
 MAX_SYMLINKS = 40  # the kernel's own limit on links in one lookup
@@ -214,16 +222,19 @@ class OwnerFiles:
         self,
         path: str,
         *,
-        limit: int = MAX_TAIL_BYTES,
+        max_bytes: int = DEFAULT_BYTE_BUDGET,
         step_pattern: str | None = None,
         tree: str | None = None,
     ) -> LogFindings:
-        """The job-log scanner's findings over the last `limit` bytes, scanned by the reader."""
+        """The job-log scanner's findings, scanned by the reader from the log's end back at most
+        `max_bytes` (the scanner's byte budget): the CLI's scan, with the owner's rights."""
+        if not 0 < max_bytes <= MAX_SCAN_BYTES:
+            raise ValueError(f"max_bytes must be in 1..{MAX_SCAN_BYTES}, got {max_bytes}")
         request = {
             "op": "scan_log",
             "path": path,
             "tree": tree or job_tree(path, None),
-            "limit": _checked_limit(limit),
+            "max_bytes": max_bytes,
             "step_pattern": step_pattern,
         }
         answer = self._ask(request)
@@ -363,8 +374,13 @@ def answer(request: dict[str, Any], *, as_owner: bool) -> dict[str, Any]:
     tree = str(request.get("tree") or path)
     try:
         if request["op"] == "scan_log":
-            tail = _read_tail(tree, path, int(request["limit"]), as_owner=as_owner)
-            findings = scan_log(io.BytesIO(tail), step_pattern=request.get("step_pattern"))
+            findings = _scan_log(
+                tree,
+                path,
+                min(int(request["max_bytes"]), MAX_SCAN_BYTES),
+                request.get("step_pattern"),
+                as_owner=as_owner,
+            )
             return {"ok": to_json(findings)}
         if request["op"] == "read_tail":
             data = _read_tail(tree, path, int(request["limit"]), as_owner=as_owner)
@@ -403,6 +419,19 @@ class _Refuse(Exception):
 
 def _refused(kind: RefusalKind, reason: str) -> dict[str, Any]:
     return {"refused": {"kind": kind.value, "reason": reason}}
+
+
+def _scan_log(
+    tree: str, path: str, max_bytes: int, step_pattern: str | None, *, as_owner: bool
+) -> LogFindings:
+    """The scanner on the log's descriptor, opened by the walk: what the kernel let the owner
+    open is what is read, and nothing is copied out of the file before the scanner reads it."""
+    with _opened_tree(tree, as_owner=as_owner) as root:
+        fd, _ = _open_in(root, path, want="file")
+    try:
+        return scan_log(fd, step_pattern=step_pattern, byte_budget=max_bytes)
+    finally:
+        os.close(fd)
 
 
 def _read_tail(tree: str, path: str, limit: int, *, as_owner: bool) -> bytes:

@@ -29,7 +29,6 @@ from daemon.dialects.base import Dialect, KnobValue
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import Evidence, LogFindings, NodeProbe
 from daemon.owner_files import (
-    MAX_TAIL_BYTES,
     Owner,
     OwnerFiles,
     OwnerReadRefused,
@@ -61,6 +60,7 @@ from daemon.templates import (
     knobs_to_json,
     load_template,
 )
+from remediators.allocator import current_option
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,11 @@ class OwnerJobFiles:
         return OwnerFiles(Owner.for_job(user=job.user, uid=uid), drop_privileges=self._drop)
 
     def scan_log(self, job: SlurmJob, path: str, max_bytes: int) -> LogFindings:
-        """The owner's reader scans the log's last `max_bytes` itself (in its child, under its
-        own memory and CPU limits, when root): a hostile line can cost that child, not us."""
+        """The owner's reader opens the log and scans it itself, as the CLI does, back at most
+        `max_bytes` from its end (in its child, under its own memory and CPU limits, when
+        root): a hostile line can cost that child, not us."""
         return self._files(job).scan_log(
-            path, limit=min(max_bytes, MAX_TAIL_BYTES), tree=job_tree(path, job.work_dir)
+            path, max_bytes=max_bytes, tree=job_tree(path, job.work_dir)
         )
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:
@@ -173,8 +174,11 @@ def read_log_findings(job: SlurmJob, files: JobFiles, max_bytes: int) -> LogFind
     return confine_to_allocation(merged, job)
 
 
-def gather(job: SlurmJob, deps: PipelineDeps) -> Evidence:
-    """The Slurm record, the log scan and a probe of the failing rank's node."""
+def gather(
+    job: SlurmJob, deps: PipelineDeps, *, expandable_segments: bool | None = None
+) -> Evidence:
+    """The Slurm record, the log scan and a probe of the failing rank's node; whether the run
+    already had expandable segments (from its lineage's template) goes with them."""
     findings = read_log_findings(job, deps.files, deps.settings.log_max_bytes)
     node = findings.node or (job.nodes[0] if len(job.nodes) == 1 else job.batch_host)
     probe: NodeProbe | None = None
@@ -183,7 +187,28 @@ def gather(job: SlurmJob, deps: PipelineDeps) -> Evidence:
             probe = deps.prober.probe(node, start=job.start_time, end=job.end_time)
         except ValueError as error:
             log.warning("probe of %r refused: %s", node, error)
-    return Evidence(log=findings, job=job, probe=probe)
+    return Evidence(log=findings, job=job, probe=probe, expandable_segments=expandable_segments)
+
+
+def lineage_expandable_segments(
+    session: Session, submission: records.LineageSubmission, files: JobFiles
+) -> bool | None:
+    """Whether the revision the job ran had `expandable_segments` on in its template's env
+    (None: not known). With it on, the diagnosis reads stranded bytes as a full card."""
+    lineage = session.get(Lineage, submission.lineage_id)
+    revision = session.get(TemplateRevision, submission.revision_id)
+    if lineage is None or revision is None:
+        return None
+    try:
+        return template_expandable_segments(lineage_template(lineage, revision, files))
+    except TemplateError:
+        return None
+
+
+def template_expandable_segments(template: LaunchTemplate) -> bool | None:
+    """The template's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF `expandable_segments`."""
+    value = current_option(template, "expandable_segments")
+    return None if value is None else value.lower() == "true"
 
 
 # ------------------------------------------------------------------ lineage and history
@@ -310,15 +335,18 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
     if submission is None and not managed:
         return HandleResult(job.job_id, "unmanaged")
     lineage_id = submission.lineage_id if submission else None
+    expandable: bool | None = None
     if submission is not None:
         # A completed relaunch is judged from its log too, so it needs the paths as well.
         job = with_template_paths(session, job, submission, deps.files)
+        if job.state in FAILED_STATES:
+            expandable = lineage_expandable_segments(session, submission, deps.files)
     evidence: Evidence | None = None
     if job.state in FAILED_STATES:
         # Nothing is written yet: end the read so that the log scan and the node probe
         # (seconds, longer for a node that does not answer) hold no lock on the record.
         session.commit()
-        evidence = gather(job, deps)
+        evidence = gather(job, deps, expandable_segments=expandable)
     repo.record_job(
         session,
         job=job,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from daemon.diagnosis import Diagnosis, History, diagnose
 from daemon.evidence.joblog import MAX_NOTES, scan_log
-from daemon.evidence.oom import MAX_MESSAGE_CHARS, parse_oom
+from daemon.evidence.oom import MAX_MESSAGE_CHARS, parse_oom, parse_oom_block
 from daemon.evidence.records import (
     MAX_EXIT_CODE,
     MAX_GPU_INDEX,
@@ -27,6 +27,7 @@ from daemon.evidence.records import (
     MAX_STEP,
     ComputeApp,
     Evidence,
+    GpuFault,
     GpuHealth,
     LogFindings,
     NodeProbe,
@@ -35,6 +36,7 @@ from daemon.evidence.records import (
     OtherProcess,
     Phase,
     ProbeVerdict,
+    RootCause,
 )
 from daemon.evidence.units import (
     KIB,
@@ -114,10 +116,43 @@ FRAGMENTS = st.sampled_from(
         " iteration ",
         "| ",
         "/1000 [",
+        # the step and phase vocabulary (daemon/evidence/steps.py, phases.py)
+        "Epoch: [0][",
+        "it [",
+        "[batch=",
+        "[Eval batch=",
+        "global_step=3.2e+",
+        "Overall training speed: ",
+        " iterations",
+        "Loading checkpoint shards: ",
+        "***** Running Evaluation *****",
+        "***** Running training *****",
+        "Saving model checkpoint to ",
+        " NCCL INFO ",
+        "{'loss': ",
+        "[2023-07-10 04:09:42,841] ",
         "Traceback (most recent call last):",
         '  File "model.py", line 1, in forward',
         "    return self.attn(x)",
         "Root Cause (first observed failure):",
+        # issue 11's launcher formats (daemon/evidence/launchers.py)
+        "2024-11-20 14:37:16 ",
+        "[gpu187:",
+        "(RayTrainWorker pid=",
+        ", ip=10.0.0.7) ",
+        "failed (exitcode: ",
+        ") local_rank: ",
+        "exits with return code = ",
+        "'--local_rank=",
+        "  Process name: [[29973,1],",
+        "  Exit code:    ",
+        "Fatal Python error: Aborted",
+        "[E ProcessGroupNCCL.cpp:737] [Rank ",
+        "[PG ID 5 PG GUID 83(X) Rank ",
+        "CUDA error: an illegal memory access was encountered",
+        "NVRM: Xid (PCI:0000:02:00): ",
+        "CANCELLED AT 2024-03-01T10:00:00 DUE TO TIME LIMIT",
+        "  time      : 2024-01-01_00:00:00",
         "[0]:",
         "  rank      : ",
         "  exitcode  : ",
@@ -133,6 +168,28 @@ FRAGMENTS = st.sampled_from(
         "\ufffd",
         "\x00",
         " " * 50,
+        # issue 11's formats: lost first words, glued text, MPS, caps, TF/XLA, host allocators
+        "whyCUDA out of memory. ",
+        "OutOfMemoryError('",
+        "**",
+        "MPS backend out of memory (MPS allocated: ",
+        ", other allocations: ",
+        ", max allowed: ",
+        " on private pool. ",
+        " GB",
+        " MB",
+        " allowed; ",
+        " cached; ",
+        " inactive)",
+        "more than 1EB",
+        "ResourceExhaustedError: ",
+        "Resource exhausted: Out ",
+        "HIP_ERROR_OutOfMemory",
+        " bytes) from device: CUDA_ERROR_OUT_OF_MEMORY",
+        "Failed to allocate memory for requested buffer of size ",
+        "DefaultCPUAllocator: can't allocate memory",
+        "std::bad_alloc",
+        "error == cudaSuccess. 2 vs 0",
     ]
 )
 LINES = st.lists(
@@ -156,6 +213,8 @@ def _report_in_range(report: OomReport) -> bool:
         report.reserved_unallocated_bytes,
         report.process_in_use_bytes,
         report.private_pool_bytes,
+        report.allowed_bytes,
+        report.other_allocations_bytes,
     )
     return (
         all(_in(size, 0, MAX_BYTES) for size in sizes)
@@ -176,6 +235,20 @@ def _report_in_range(report: OomReport) -> bool:
 @example(HOOK_MESSAGE.replace("7.50 GiB", "-9.50 GiB"))
 def test_oom_parser_figures_are_always_in_range(text: str) -> None:
     report = parse_oom(text)
+    if report is not None:
+        assert _report_in_range(report)
+        assert len(report.message) <= MAX_MESSAGE_CHARS
+
+
+@given(LINES)
+@BOUNDED
+@example("CUDA out of memory. Tried to allocate 2.0\n0 GiB (GPU 0; 9" + "9" * 5000 + "\n.00 GiB")
+@example("MPS backend out of memory (MPS allocated: 2.25 GiB, other allocations: 67108863.99 GiB")
+@example("this process has **17179869184.00 GiB** memory in use.\nCUDA out of memory.")
+@example("Resource exhausted: Out \nof memory while trying to allocate " + "9" * 40 + " bytes.")
+def test_oom_block_figures_are_always_in_range(text: str) -> None:
+    lines = text.split("\n")
+    report = parse_oom_block(lines)
     if report is not None:
         assert _report_in_range(report)
         assert len(report.message) <= MAX_MESSAGE_CHARS
@@ -321,6 +394,9 @@ REPORTS = st.builds(
     alloc_conf=st.none() | st.just("expandable_segments:True"),
     suggests_max_split=st.booleans(),
     notes=st.lists(st.text(max_size=20), max_size=2).map(tuple),
+    allowed_bytes=SIZES,
+    other_allocations_bytes=SIZES,
+    request_beyond_any_device=st.booleans(),
 )
 FINDINGS = st.builds(
     LogFindings,
@@ -339,6 +415,9 @@ FINDINGS = st.builds(
     notes=st.lists(st.text(max_size=20), max_size=3).map(tuple),
     job_pids=st.lists(st.integers(-(2**40), 2**40), max_size=3).map(tuple),
     traceback_seen=st.booleans(),
+    root_cause=st.none() | st.sampled_from(RootCause),
+    gpu_fault=st.none()
+    | st.builds(GpuFault, line=st.text(max_size=40), words=st.text(max_size=20), xid=WIDE),
 )
 PROBES = st.builds(
     NodeProbe,
@@ -388,6 +467,7 @@ JOBS = st.builds(
         job=st.none() | JOBS,
         probe=st.none() | PROBES,
         job_gpu_uuids=st.sampled_from([(), ("GPU-1",)]),
+        expandable_segments=st.none() | st.booleans(),
     )
 )
 @BOUNDED

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.evidence.joblog import LogReadError, scan_log
-from daemon.evidence.records import OomFamily, Phase
+from daemon.evidence.records import OomFamily, Phase, RootCause
 
 LOGS = Path(__file__).parent / "data" / "logs"
 OOM = Path(__file__).parent / "data" / "oom"
@@ -53,7 +53,9 @@ def test_dataloader_kill_is_host_ram_in_data_loading() -> None:
 def test_collective_timeouts_alone_are_a_cascade_without_root() -> None:
     found = scan_log(LOGS / "nccl_timeout_only.log")
     assert found.oom is None
-    assert found.rank == 1
+    assert found.root_cause is RootCause.COLLECTIVE_TIMEOUT
+    assert found.rank is None  # every rank timed out: the one that stalled is not in view
+    assert found.cascade_ranks == (0, 1, 2)
     assert "Watchdog caught collective operation timeout" in (found.root_failure_line or "")
     assert any(note.startswith("only collective") for note in found.notes)
 
@@ -274,7 +276,7 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
                 ("train.py", "main", "model.load_state_dict(torch.load(path))"),
                 (f"{SITE}/torch/serialization.py", "load", "return _load(f)"),
             ],
-            Phase.UNKNOWN,
+            Phase.SETUP,  # loading weights before training: not a checkpoint save
         ),
         (
             [

@@ -31,6 +31,7 @@ class OomFamily(StrEnum):
     CUDNN = "cudnn"  # CUDNN_STATUS_ALLOC_FAILED / NOT_ENOUGH_WORKSPACE
     NCCL = "nccl"  # NCCL "Cuda failure 'out of memory'"
     XLA = "xla"  # JAX/XLA RESOURCE_EXHAUSTED
+    ONNX_RUNTIME = "onnxruntime"  # its BFC arena: "Failed to allocate memory for requested buffer"
     HOST_RAM = "host_ram"  # kernel / cgroup / slurmstepd OOM kill, bare "Killed", exit 137
 
 
@@ -100,6 +101,10 @@ class OomReport:
     suggests_max_split: bool = False  # the message carried the max_split_size_mb hint
     alloc_conf_var: str | None = None  # which spelling it named: PYTORCH_ALLOC_CONF or ..._CUDA_...
     notes: tuple[str, ...] = ()  # figures the message printed that were dropped, and why
+    allowed_bytes: int | None = None  # a cap it printed: `N allowed` (per-process memory
+    # fraction) or MPS's `max allowed` (its high watermark)
+    other_allocations_bytes: int | None = None  # MPS's `other allocations` (outside its heaps)
+    request_beyond_any_device: bool = False  # `more than 1EB`, or a request past the size range
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ class LogFindings:
     bytes_scanned: int = 0  # how much of the log's end the scan read
     root_cause: RootCause | None = None  # None: the log shows no failure at all
     gpu_fault: GpuFault | None = None
+    step_line: str | None = None  # the progress line the step was read from
+    phase_line: str | None = None  # the frame or log line that decided the phase
 
 
 class ProbeVerdict(StrEnum):
@@ -223,3 +230,6 @@ class Evidence:
     job: SlurmJob | None = None
     probe: NodeProbe | None = None
     job_gpu_uuids: tuple[str, ...] = ()  # the GPUs the failing rank's job held, when known
+    # Whether the run already had `expandable_segments:True` in PYTORCH_[CUDA_]ALLOC_CONF (its
+    # lineage template's env, or `diagnose --alloc-conf`); None when not known.
+    expandable_segments: bool | None = None

@@ -1,0 +1,513 @@
+"""What launchers print: the prefixes that name a line's rank or host, and the lines that say a
+worker died.
+
+Data, as node-problem-detector keeps its log rules (`config/kernel-monitor.json`) apart from
+the reader that applies them: each entry is a pattern with named groups and where its format
+comes from (the launcher's source, or a real sample under `tests/data/real/logs/`), so a new
+launcher's format is one more entry, not one more branch in the scanner.
+
+Every pattern runs in linear time on any line: repeats are bounded, no quantified group can
+match the same text two ways, and a prefix is matched only at the start of what is left of the
+line. Groups: `rank`, `local_rank`, `host`, `pid`, `exit` (an exit code as printed, negative
+for a signal in Python's convention), `signal` (a signal number), `signame` (a signal's name or
+`strsignal` text); where two alternatives of one pattern name the same thing, the second
+spelling ends in a digit (`signame2`). The scanner range-checks every number it reads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from daemon.evidence.records import RootCause
+
+
+class RankKind(StrEnum):
+    """What a printed rank counts."""
+
+    GLOBAL = "global"  # the job-wide rank: `[rank3]:`, Open MPI's rank, Composer's `rank3[...]`
+    LOCAL = "local"  # the rank on its node: `[default3]:`, `local_rank: 3`, `--local_rank=3`
+    TASK = "task"  # srun's task id (`--label`): the global rank when srun starts one per rank
+
+
+@dataclass(frozen=True)
+class LinePrefix:
+    """A prefix put before each line of a worker's output; stripped, keeping what it names."""
+
+    name: str
+    pattern: re.Pattern[str]  # matched at the start; groups `rank` and `host` where it names them
+    rank_kind: RankKind | None
+    source: str
+
+
+@dataclass(frozen=True)
+class DeathLine:
+    """A launcher's line saying that a worker died, and how (its exit code or signal)."""
+
+    name: str
+    literal: str | None  # a fixed string each such line holds, tested first (None: always try)
+    pattern: re.Pattern[str]
+    source: str
+    details: tuple[re.Pattern[str], ...] = ()  # more groups elsewhere on the same line
+
+
+@dataclass(frozen=True)
+class DeathDetail:
+    """A line that completes the death a launcher reported just before (`  Exit code:    1`)."""
+
+    name: str  # the `DeathLine.name` it completes
+    literal: str
+    pattern: re.Pattern[str]
+    source: str
+
+
+_HOST = r"[A-Za-z0-9][\w.\-]{0,252}"
+_IP = r"[0-9A-Fa-f][0-9A-Fa-f.:]{1,44}"
+
+# In the order they are tried; the scanner strips up to `MAX_PREFIXES` of them from a line.
+PREFIXES: tuple[LinePrefix, ...] = (
+    LinePrefix(
+        "log viewer line number",
+        re.compile(r"\[[0-9]{1,12}\] (?=\[)"),
+        None,
+        "sample 006: `[80746] [rank0]:[E321 ...`",
+    ),
+    LinePrefix(
+        "timestamp",
+        re.compile(
+            r"\[?[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+            r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?: (?:DP|TP|PP|EP|CP)[0-9]{1,5}){0,4}\]?:?[ \t]{1,8}"
+        ),
+        None,
+        "samples 011 (`2024-11-20 14:37:16 [rank3]:`), 019 (Composer's `... 16:03:12,379: `),"
+        " 034 (`[2024-02-27T21:35:32.106313Z] `), 045, DeepSpeed's `[2023-04-14 13:11:27,885] `"
+        " and SGLang's `[2025-05-27 04:36:06 DP1 TP4] ` (sgl-project/sglang#6590; its parallel"
+        " ranks are group ranks, not read)",
+    ),
+    LinePrefix(
+        "container id",
+        re.compile(r"[\w.\-]{1,64} \|\| "),
+        None,
+        "sample 034: Determined's `fa88a9df || `",
+    ),
+    LinePrefix(
+        "logging level",
+        re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL): (?=\S)"),
+        None,
+        "Python logging's `LEVEL: message` (Lightning's `INFO: [rank: 1] ...`; sample 034's"
+        " `WARNING: torch.distributed...`)",
+    ),
+    LinePrefix(
+        "wrapper stream",
+        re.compile(r"std(?:err|out): "),
+        None,
+        "sample 028: `stderr: ERROR:torch.distributed...`",
+    ),
+    LinePrefix(
+        "ray worker",
+        re.compile(
+            r"\((?:[A-Za-z_][\w.:\-]{0,127} )?pid=[0-9]{1,10}(?:, ip=(?P<host>" + _IP + r"))?\)"
+            r"(?: |\Z)"
+        ),
+        None,
+        "Ray's log monitor `(pid=N, ip=IP) ` and `(Actor pid=N, ip=IP) `"
+        " (python/ray/_private/log_monitor.py); samples 013, 041",
+    ),
+    LinePrefix(
+        "ray raylet",
+        re.compile(r"\(raylet(?:, ip=(?P<host>" + _IP + r"))?\)(?: |\Z)"),
+        None,
+        "Ray's `(raylet) ` / `(raylet, ip=IP) `; sample 041",
+    ),
+    LinePrefix(
+        "ucx",
+        re.compile(r"\[(?P<host>" + _HOST + r"):[0-9]{1,10} {0,2}:[0-9]{1,6}:[0-9]{1,10}\] "),
+        None,
+        "UCX's `[host:pid:thread:tid] ` (ucs/debug/log.c); sample 023",
+    ),
+    LinePrefix(
+        "pdsh ip",
+        re.compile(r"(?P<host>[0-9]{1,3}(?:\.[0-9]{1,3}){3}): "),
+        None,
+        "pdsh `IP: ` as DeepSpeed's multi-node runner prints it; sample 036",
+    ),
+    LinePrefix(
+        "pdsh host",
+        re.compile(r"(?![0-9]{1,7}: )(?P<host>" + _HOST + r"): (?=\[(?:rank|default)[0-9])"),
+        None,
+        "pdsh `host: ` before torchrun's own prefix (digits alone are srun's label)",
+    ),
+    LinePrefix(
+        "pdsh hostname",
+        re.compile(
+            r"(?!rank[0-9])(?=[0-9\-.]{0,64}[a-z])(?=[a-z\-.]{0,64}[0-9])"
+            r"(?P<host>[a-z0-9][a-z0-9\-]{0,62}(?:\.[a-z0-9][a-z0-9\-]{0,62}){0,8}): (?=.)"
+        ),
+        None,
+        "pdsh `host: ` before every line of DeepSpeed's multi-node runner (deepspeed/launcher/"
+        "multinode_runner.py runs `pdsh -S -f 1024 -w hosts`): a lower-case name with a digit,"
+        " unlike an exception's `RuntimeError: ` or a module path",
+    ),
+    LinePrefix(
+        "host and rank",
+        re.compile(r"\[(?P<host>" + _HOST + r"):(?P<rank>[0-9]{1,7})\]: ?"),
+        RankKind.GLOBAL,
+        "sample 030: `[gpu187:2]:torch.cuda.OutOfMemoryError: ...`",
+    ),
+    LinePrefix(
+        "open mpi tag",
+        re.compile(r"\[[0-9]{1,10},(?P<rank>[0-9]{1,7})\]<std(?:out|err)>: ?"),
+        RankKind.GLOBAL,
+        "Open MPI `mpirun --tag-output`: `[jobid,rank]<stdout>:`",
+    ),
+    LinePrefix(
+        "torchrun rank",
+        re.compile(r"\[rank(?P<rank>[0-9]{1,7})\]: ?"),
+        RankKind.GLOBAL,
+        "torchrun >= 2.2 `[rankN]:` (samples 011, 012, 029, 054)",
+    ),
+    LinePrefix(
+        "torchrun local rank",
+        re.compile(r"\[default(?P<rank>[0-9]{1,7})\]: ?"),
+        RankKind.LOCAL,
+        "torchrun --tee `[{role}{local_rank}]:` with the default role",
+    ),
+    LinePrefix(
+        "composer rank",
+        re.compile(r"rank(?P<rank>[0-9]{1,7})\[[0-9]{1,10}\]\[[^\]\s]{1,64}\]: "),
+        RankKind.GLOBAL,
+        "Composer's `rank0[1003409][MainThread]: ` (composer/cli/launcher.py); sample 019",
+    ),
+    LinePrefix(
+        "lightning rank",
+        re.compile(r"\[rank: (?P<rank>[0-9]{1,7})\] "),
+        RankKind.GLOBAL,
+        "Lightning's `[rank: N] ` (lightning_fabric/utilities/rank_zero.py)",
+    ),
+    LinePrefix(
+        "rank colon",
+        re.compile(r"[Rr]ank (?P<rank>[0-9]{1,7}): "),
+        RankKind.GLOBAL,
+        "`rank N: ` printed by training scripts and wrappers",
+    ),
+    LinePrefix(
+        "srun label",
+        re.compile(r"[ \t]{0,8}(?P<rank>[0-9]{1,7}): "),
+        RankKind.TASK,
+        "srun --label `N: ` (tests/data/logs/devcluster_srun_label.log)",
+    ),
+    LinePrefix(
+        "glog",
+        re.compile(
+            r"[IWEF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{1,9}[ \t]{1,8}[0-9]{1,20}"
+            r" [^\s\]]{1,512}:[0-9]{1,7}\] ?"
+        ),
+        None,
+        "torch >= 2.4 glog-style `E0325 20:57:27.620000 2606 .../api.py:869] ` (samples 002, 029)",
+    ),
+    LinePrefix(
+        "glog without its head",
+        re.compile(r"(?:[\w.\-]{1,128}/){1,32}[\w.\-]{1,128}\.py:[0-9]{1,7}\] "),
+        None,
+        "sample 005: `torch/distributed/elastic/multiprocessing/api.py:826] failed ...`",
+    ),
+    LinePrefix(
+        "vllm",
+        re.compile(
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+            r" \[?[\w.\-]{1,128}:[0-9]{1,7}\] "
+        ),
+        None,
+        "vLLM's `ERROR 10-11 12:27:29 engine.py:157] ` (vllm/logger.py; sample 024), newer"
+        " `DEBUG 02-19 17:35:31 [parallel_state.py:179] ` (stepfun-ai/Step-Video-T2V#29)",
+    ),
+    LinePrefix(
+        "bracketed level",
+        re.compile(
+            r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \[[\w.\-]{1,128}:[0-9]{1,7}:\w{1,128}\] "
+        ),
+        None,
+        "DeepSpeed's `[ERROR] [launch.py:434:sigkill_handler] ` (deepspeed/utils/logging.py)",
+    ),
+)
+MAX_PREFIXES = 8  # no real line carries more: `192.168.13.81: [rank19]:` is two
+
+# A c10 log line (`[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog ...`, `[PG 0 (default_pg)
+# Rank 0]`) names the rank in its process group: the global rank only for the default group.
+# Kept in the line's text (its words decide timeout or fault); read only where no prefix named
+# a rank. Samples 008, 013, 021 (`[Rank N]`), 012, 014, 037 (`[PG ... Rank N]`).
+C10_MESSAGE_RANK = re.compile(
+    r"\[[IWEF](?:[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{1,9})? [\w.\-]{1,128}:[0-9]{1,7}\] "
+    r"\[(?:PG (?P<group>[^\]]{0,200}) )?Rank (?P<rank>[0-9]{1,7})\]"
+)
+DEFAULT_GROUP = re.compile(r"\A(?:ID )?0\b|default_pg")
+
+# Lines between Composer's `----------Begin global rank 1 STDERR----------` and its `End` are
+# that rank's (composer/cli/launcher.py `_print_process_exit_status`).
+RANK_BLOCK_START = re.compile(
+    r"-{4,80}Begin global rank (?P<rank>[0-9]{1,7}) STD(?:OUT|ERR)-{4,80}"
+)
+RANK_BLOCK_END = re.compile(r"-{4,80}End global rank [0-9]{1,7} STD(?:OUT|ERR)-{4,80}")
+
+# An interactive shell's prompt names the machine the command ran on (`user@host:~/dir$ `,
+# `user@host ~ % `, `[user@host dir]$ `): samples 016, 022, 045.
+SHELL_PROMPT = re.compile(
+    r"(?:\([\w.\-]{1,64}\)[ \t]{1,4})?\[?[a-z_][\w.\-]{0,31}@(?P<host>" + _HOST + r")"
+    r"(?::|[ \t]{1,8})[~/][^\s$#%\]]{0,1024}\]?[ \t]{0,64}[$#%](?:[ \t]|\Z)"
+)
+
+_LOCAL_RANK_ARGUMENT = re.compile(r"--local_rank=(?P<local_rank>[0-9]{1,7})\b")
+
+DEATH_LINES: tuple[DeathLine, ...] = (
+    DeathLine(
+        "torchrun agent",
+        "failed (exitcode:",
+        re.compile(
+            r"failed \(exitcode: (?P<exit>-?[0-9]{1,10})\) local_rank: (?P<local_rank>[0-9]{1,7})"
+            r" \(pid: (?P<pid>[0-9]{1,10})\)"
+        ),
+        "torch/distributed/elastic/multiprocessing/api.py (`SubprocessContext._poll`: 'failed"
+        " (exitcode: %s) local_rank: %s (pid: %s) of binary: %s'), in every era: 1.x `ERROR:torch"
+        ".distributed...:failed` (003, 031), 2.1 `[...] torch.distributed...: [ERROR] failed`"
+        " (045), 2.4+ glog (002, 029), head lost (005), glued to a tqdm bar (004)",
+    ),
+    DeathLine(
+        "deepspeed launcher",
+        "exits with return code",
+        re.compile(r"exits with return code = (?P<exit>-?[0-9]{1,10})"),
+        "deepspeed/launcher/launch.py `sigkill_handler`: '{cmd} exits with return code = {code}',"
+        " the worker's command naming `--local_rank=N`; samples 009, 010",
+        (_LOCAL_RANK_ARGUMENT,),
+    ),
+    DeathLine(
+        "torch.distributed.launch",
+        "CalledProcessError",
+        re.compile(
+            r"returned non-zero exit status (?P<exit>-?[0-9]{1,10})"
+            r"|died with <Signals\.(?P<signame>SIG[A-Z0-9]{1,10}): (?P<signal>[0-9]{1,3})>"
+        ),
+        "torch/distributed/launch.py before 1.9 raises subprocess.CalledProcessError for the"
+        " worker's command (`--local_rank=N`); CPython's CalledProcessError.__str__; sample 020",
+        (_LOCAL_RANK_ARGUMENT,),
+    ),
+    DeathLine(
+        "composer",
+        "crashed with exit code",
+        re.compile(r"\bRank (?P<rank>[0-9]{1,7}) crashed with exit code (?P<exit>-?[0-9]{1,10})"),
+        "composer/cli/launcher.py `_monitor_processes`; sample 019",
+    ),
+    DeathLine(
+        "composer exit",
+        "exited with code",
+        re.compile(
+            r"\bGlobal rank (?P<rank>[0-9]{1,7}) \(PID (?P<pid>[0-9]{1,10})\) exited with code"
+            r" (?P<exit>-?[0-9]{1,10})"
+        ),
+        "composer/cli/launcher.py `_print_process_exit_status`",
+    ),
+    DeathLine(
+        "mpirun signal",
+        " noticed that process rank ",
+        re.compile(
+            r"(?:mpirun|mpiexec|orterun|prterun) noticed that process rank (?P<rank>[0-9]{1,7})"
+            r" with PID (?P<pid>[0-9]{1,10}) on node (?P<host>" + _HOST + r")"
+            r"(?: exited on signal (?P<signal>[0-9]{1,3}))?"
+        ),
+        "Open MPI's errmgr help text 'mpirun noticed that process rank %s with PID %s on node"
+        " %s exited on signal %d (%s).' (its signal may wrap to the next line: adda-team/adda#151)",
+    ),
+    DeathLine(
+        "torch.multiprocessing.spawn",
+        "rocess ",
+        re.compile(
+            r"\bprocess (?P<local_rank>[0-9]{1,7}) terminated with"
+            r" (?:signal (?P<signame>SIG[A-Z0-9]{1,10})|exit code (?P<exit>-?[0-9]{1,10}))"
+            r"|-- Process (?P<local_rank2>[0-9]{1,7}) terminated with the following error"
+        ),
+        "torch/multiprocessing/spawn.py `ProcessExitedException` ('process %d terminated with"
+        " signal %s', HRNet/HigherHRNet-Human-Pose-Estimation#47) and `ProcessRaisedException`"
+        " ('-- Process %d terminated with the following error:', the worker's traceback follows)",
+    ),
+    DeathLine(
+        "lightning",
+        "Child process with PID",
+        re.compile(
+            r"Child process with PID (?P<pid>[0-9]{1,10}) terminated with code"
+            r" (?P<exit>-?[0-9]{1,10})"
+        ),
+        "Lightning's subprocess launcher `_ChildProcessObserver` ('[rank: 1] Child process with"
+        " PID 2977 terminated with code 4. Forcefully terminating ...': the prefix is the child's"
+        " rank), lightning/fabric/strategies/launchers/subprocess_script.py",
+    ),
+    DeathLine(
+        "torchelastic event",
+        "torchelastic.worker.status.FAILED",
+        re.compile(r"torchelastic\.worker\.status\.FAILED"),
+        'torch 1.9-1.10\'s elastic events on stdout: {"name": "torchelastic.worker.status.FAILED",'
+        ' ... "global_rank": 1, ... "hostname": "ip-..."} (pytorch/pytorch#64990)',
+        (
+            re.compile(r'"global_rank": (?P<rank>[0-9]{1,7})\b'),
+            re.compile(r'"hostname": "(?P<host>' + _HOST + r')"'),
+        ),
+    ),
+    DeathLine(
+        "mpirun",
+        "Process name:",
+        re.compile(
+            r"^\s{0,8}Process name:\s{1,8}\["
+            r"(?:\[[0-9]{1,10},[0-9]{1,10}\]|[\w.\-]{1,256}@[0-9]{1,10}),(?P<rank>[0-9]{1,7})\]"
+        ),
+        "Open MPI's 'mpirun detected that one or more processes exited with non-zero status ...'"
+        " block (`Process name: [[jobid,1],rank]`, then `Exit code:`); samples 018, 025",
+    ),
+    DeathLine(
+        "hydra",
+        "RUNNING AT",
+        re.compile(r"^=\s{1,8}PID (?P<pid>[0-9]{1,10}) RUNNING AT (?P<host>" + _HOST + r")"),
+        "MPICH/Intel MPI hydra's 'BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES' block",
+    ),
+    DeathLine(
+        "pdsh",
+        "ssh exited with exit code",
+        re.compile(
+            r"pdsh@[\w.\-]{1,253}: (?P<host>" + _HOST + r"): ssh exited with exit code"
+            r" (?P<exit>-?[0-9]{1,10})"
+        ),
+        "pdsh's `pdsh@uan: nid000008: ssh exited with exit code 127` (pdsh's ssh module:"
+        " '%p: %s: ssh exited with exit code %d'), as DeepSpeed's multi-node runner prints it",
+    ),
+    DeathLine(
+        "python fatal error",
+        "Fatal Python error:",
+        re.compile(
+            r"Fatal Python error: (?P<signame>Segmentation fault|Aborted|Bus error"
+            r"|Floating point exception|Illegal instruction)"
+        ),
+        "CPython's faulthandler (Modules/faulthandler.c); sample 013",
+    ),
+    DeathLine(
+        "caught signal",
+        "Caught signal",
+        re.compile(r"Caught signal (?P<signal>[0-9]{1,3}) \("),
+        "UCX's `[host:pid:thread:tid] Caught signal 7 (Bus error: ...)` (ucs/debug/debug.c);"
+        " sample 023",
+    ),
+    DeathLine(
+        "shell",
+        None,
+        re.compile(
+            r"^(?P<signame>Killed)(?:\s{0,64}\Z|(?=[a-z]))"
+            r"|^(?P<signame2>Segmentation fault|Bus error|Aborted|Terminated)(?: \(core dumped\))?"
+            r"\s{0,64}\Z"
+            r"|: line [0-9]{1,9}:\s{1,8}[0-9]{1,10}\s{1,8}(?P<signame3>Killed|Segmentation fault"
+            r"|Bus error|Aborted|Terminated)\b"
+        ),
+        "the shell's report of a child killed by a signal: a line of its own (016), one whose"
+        " `\\r` progress line showed through it (026: `Killedg in train batch`), or a batch"
+        " script's `script: line 12: 4242 Killed  python train.py`",
+    ),
+    DeathLine(
+        "ray worker died",
+        "A worker died or was killed",
+        re.compile(r"A worker died or was killed while executing a task"),
+        "Ray's raylet report of a dead worker (`Worker IP address: ..., Worker PID: ...`);"
+        " sample 041",
+        (
+            re.compile(r"Worker IP address: (?P<host>" + _IP + r")\b"),
+            re.compile(r"Worker PID: (?P<pid>[0-9]{1,10})\b"),
+        ),
+    ),
+)
+
+DEATH_DETAILS: tuple[DeathDetail, ...] = (
+    DeathDetail(
+        "mpirun signal",
+        "signal",
+        re.compile(r"^\s{0,8}(?:exited on )?signal (?P<signal>[0-9]{1,3}) \("),
+        "Open MPI's `exited on` / `signal 6 (Aborted).` wrapped to the next line",
+    ),
+    DeathDetail(
+        "mpirun",
+        "Exit code:",
+        re.compile(r"^\s{0,8}Exit code:\s{1,16}(?P<exit>-?[0-9]{1,10})\s{0,16}\Z"),
+        "Open MPI's block, the line after `Process name:`; samples 018, 025",
+    ),
+    DeathDetail(
+        "hydra",
+        "EXIT CODE:",
+        re.compile(r"^=\s{1,8}EXIT CODE: (?P<exit>-?[0-9]{1,10})"),
+        "hydra's block, the line after `RUNNING AT`",
+    ),
+    DeathDetail(
+        "hydra",
+        "EXIT STRING:",
+        re.compile(r"EXIT STRING: [^(]{0,64}\(signal (?P<signal>[0-9]{1,3})\)"),
+        "hydra's `YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)`",
+    ),
+)
+DETAIL_WITHIN_LINES = 6  # Open MPI's and hydra's blocks put the detail within a few lines
+
+# srun's per-task line: `srun: error: node107: task 0: Out Of Memory`, `tasks 2,4-5,7:
+# Terminated`, `task 3: Exited with exit code 1` (samples 015, 051). The task list stays text:
+# the scanner reads it as ranges, never expanded.
+SRUN_ERROR = re.compile(
+    r"srun: error: (?P<host>[\w.\-]{1,253}): tasks? (?P<tasks>[0-9,\-]{1,16384})"
+    r": (?P<what>.{1,512})"
+)
+SRUN_EXIT = re.compile(r"[Ee]xit(?:ed with exit)? code:?\s{0,8}(?P<exit>-?[0-9]{1,10})")
+
+# `strsignal` texts (srun, the shell, faulthandler) and Python's `Signals` names, Linux numbers.
+SIGNALS: dict[str, int] = {
+    "Hangup": 1,
+    "Interrupt": 2,
+    "Quit": 3,
+    "Illegal instruction": 4,
+    "Aborted": 6,
+    "Bus error": 7,
+    "Floating point exception": 8,
+    "Killed": 9,
+    "Segmentation fault": 11,
+    "Terminated": 15,
+    "SIGHUP": 1,
+    "SIGINT": 2,
+    "SIGQUIT": 3,
+    "SIGILL": 4,
+    "SIGABRT": 6,
+    "SIGBUS": 7,
+    "SIGFPE": 8,
+    "SIGKILL": 9,
+    "SIGSEGV": 11,
+    "SIGTERM": 15,
+}
+SIGKILL = 9
+# Signals another process sends to stop a worker: the launcher's or Slurm's SIGTERM after
+# another rank failed, a user's Ctrl-C. A worker dying of one is the cascade, not a failure.
+STOP_SIGNALS = frozenset({1, 2, 15})
+MAX_SIGNAL = 64
+SHELL_SIGNAL_BASE = 128  # a shell's exit status 128+N: killed by signal N
+
+
+def signal_of(exit_code: int | None, signal: int | None) -> int | None:
+    """The signal a worker died of: given, or read from its exit code (Python's -N, a shell's
+    128+N)."""
+    if signal is not None:
+        return signal if 0 < signal <= MAX_SIGNAL else None
+    if exit_code is None:
+        return None
+    if -MAX_SIGNAL <= exit_code < 0:
+        return -exit_code
+    if SHELL_SIGNAL_BASE < exit_code <= SHELL_SIGNAL_BASE + MAX_SIGNAL:
+        return exit_code - SHELL_SIGNAL_BASE
+    return None
+
+
+def death_cause(exit_code: int | None, signal: int | None) -> RootCause | None:
+    """What a death says about the failure: SIGKILL with no traceback is the host's OOM killer
+    (`exitcode: -9`); a stop signal or exit 0 is no failure of that worker; anything else is
+    another error (`-11`, `-7`, exit 1)."""
+    if signal == SIGKILL:
+        return RootCause.HOST_RAM
+    if signal in STOP_SIGNALS or (signal is None and exit_code == 0):
+        return None
+    return RootCause.OTHER_ERROR
