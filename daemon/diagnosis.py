@@ -24,9 +24,10 @@ from daemon.evidence.records import (
     OtherProcess,
     Phase,
     ProbeVerdict,
+    RootCause,
     XidPolicy,
 )
-from daemon.evidence.units import MAX_BYTES, format_size
+from daemon.evidence.units import MAX_BYTES, PIB, format_size, rounding_error
 from daemon.slurm.records import JobState
 
 
@@ -81,7 +82,12 @@ class Diagnosis:
     phase: Phase = Phase.UNKNOWN
     oom: OomReport | None = None
     bad_nodes: tuple[str, ...] = ()  # nodes to exclude (hardware, co-tenant)
+    # The node probe itself showed the fault (XID, remap, ECC). Only then is a node drained: a
+    # job's log is the job's own text, and anyone can print an Xid line.
+    probe_confirmed: bool = False
     cotenant_pids: tuple[int, ...] = ()
+    root_cause: RootCause | None = None  # the log's earliest root failure; None: none shown
+    root_cause_line: str | None = None  # the log line that shows it
 
     @property
     def is_oom(self) -> bool:
@@ -96,17 +102,13 @@ class History:
 
 
 # Thresholds. Each says why it has the value it has.
-# The allocator frees its unsplit cached blocks and retries before raising, so an OOM with more
-# reserved-but-unallocated bytes than the request means the cache was split into pieces too
-# small for it: fragmentation. At twice the request there is no doubt left.
-FRAGMENTATION_RATIO = 1.0
-FRAGMENTATION_HIGH_RATIO = 2.0
-# ...but a few hundred MiB unallocated on a full 80 GiB card is not what killed it: require the
-# unallocated part to be a noticeable share of the card before blaming fragmentation.
-FRAGMENTATION_MIN_SHARE = 0.05
-# Printed sizes are rounded to 0.01 of their unit (up to 5 MiB each for GiB figures) and the
-# allocator rounds requests up to 2 MiB; free memory beyond request + this margin is real.
-FREE_EXCESS_MARGIN_BYTES = 32 * 1024 * 1024
+# The fragmentation rule (the runbooks', and the allocator's own hint) has no thresholds: with X
+# the request, F the driver-free and U the reserved-but-unallocated bytes, F + U >= X means the
+# bytes existed. Its margin F + U - X only sets the confidence: within the printed figures'
+# rounding it may be rounding alone (low); below the request again it is thin (medium).
+# No device holds this much (the largest hold a few hundred GiB, a whole NVL72 rack 13.5 TB):
+# a request beyond it is a size bug in the program (an overflowed or mis-multiplied shape).
+ABSURD_REQUEST_BYTES = PIB
 # A CUDA context alone holds ~300-500 MiB; other processes holding more than this on our GPU
 # are doing real work there (a co-tenant), not leftovers.
 COTENANT_MIN_BYTES = 512 * 1024 * 1024
@@ -128,18 +130,47 @@ OUTSIDE_CACHE_SHARE = 0.25
 
 
 def diagnose(evidence: Evidence, history: History | None = None) -> Diagnosis:
-    """Decide what killed the job, following the runbooks, and say which numbers decided it."""
+    """Decide what killed the job, following the runbooks, and say which numbers decided it.
+
+    The node probe's findings come first, then what the job's log shows as its earliest root
+    failure (a GPU fault, the host's RAM, a collective timeout alone, the device's memory by
+    the fragmentation rule, another error), then Slurm's own record.
+    """
     history = history or History()
     evidence, set_aside = _within_ranges(evidence)
     log = evidence.log
-    context = _Context(evidence, history, tuple(set_aside))
-    for rule in (_hardware, _cotenant, _host_ram, _gpu_oom, _not_oom):
+    context = _Context(evidence, history, tuple(set_aside), _root_cause(log))
+    for rule in (
+        _hardware,
+        _probe_cotenant,
+        _host_ram,
+        _collective_timeout,
+        _gpu_oom,
+        _not_oom,
+    ):
         verdict = rule(context)
         if verdict is not None:
             return verdict
     reasons = ["no out-of-memory message, traceback or Slurm record explains the failure"]
     reasons.extend(log.notes)
     return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+
+
+def _root_cause(log: LogFindings) -> RootCause | None:
+    """The log's root cause: the scanner's, or for findings without one (stored before it
+    had the field, or built by hand) what their failure line and OOM report show."""
+    if log.root_cause is not None:
+        return log.root_cause
+    if log.gpu_fault is not None:
+        return RootCause.GPU_FAULT
+    if log.oom is not None:
+        host = log.oom.family is OomFamily.HOST_RAM
+        return RootCause.HOST_RAM if host else RootCause.ACCELERATOR_OOM
+    if log.root_failure_line is None:
+        return None
+    if any(note.startswith("only collective") for note in log.notes):
+        return RootCause.COLLECTIVE_TIMEOUT
+    return RootCause.OTHER_ERROR
 
 
 def _within_ranges(evidence: Evidence) -> tuple[Evidence, list[str]]:
@@ -180,6 +211,8 @@ def _within_ranges(evidence: Evidence) -> tuple[Evidence, list[str]]:
             reserved_unallocated_bytes=size(oom.reserved_unallocated_bytes, "unallocated"),
             process_in_use_bytes=size(oom.process_in_use_bytes, "process in use"),
             private_pool_bytes=size(oom.private_pool_bytes, "private pool"),
+            allowed_bytes=size(oom.allowed_bytes, "allowed"),
+            other_allocations_bytes=size(oom.other_allocations_bytes, "other allocations"),
             gpu_index=keep(oom.gpu_index, 0, MAX_GPU_INDEX, "GPU index"),
             other_processes=others,
         )
@@ -203,6 +236,7 @@ class _Context:
     evidence: Evidence
     history: History
     set_aside: tuple[str, ...] = ()  # figures out of range, said in every verdict
+    root_cause: RootCause | None = None  # the log's, see `_root_cause`
 
     @property
     def log(self) -> LogFindings:
@@ -234,14 +268,73 @@ class _Context:
             step=log.step,
             phase=log.phase,
             oom=log.oom,
+            root_cause=self.root_cause,
+            root_cause_line=self.root_cause_line,
             **extra,
         )
 
+    @property
+    def root_cause_line(self) -> str | None:
+        """The line that shows the log's root cause, as the scanner kept it."""
+        if self.root_cause is None:
+            return None
+        log = self.log
+        if self.root_cause is RootCause.GPU_FAULT and log.gpu_fault is not None:
+            return log.gpu_fault.line
+        if log.root_failure_line is not None:
+            return log.root_failure_line
+        return None if log.oom is None else log.oom.message
+
 
 def _hardware(context: _Context) -> Diagnosis | None:
+    """The probe's faults on the failing node first; then a GPU fault the job's log shows."""
+    probe = context.evidence.probe
+    probe_reasons = _probe_faults(context)
+    fault = _log_fault(context)
+    if not probe_reasons and fault is None:
+        return None
+    reasons = list(probe_reasons)
+    if fault is not None:
+        reasons.append(fault)
+    if probe is not None and probe_reasons:
+        node: str | None = probe.node
+        confidence = Confidence.HIGH
+    elif probe is not None and (context.node is None or probe.node == context.node):
+        # The node was probed and showed nothing: an illegal memory access is as often a bug
+        # in a kernel as a failing GPU, so nothing is drained on the log's word alone.
+        reasons.append(
+            f"the probe of {probe.node} found no XID, row remap or ECC fault: the fault may be"
+            " the program's (a bad kernel, an out-of-bounds index), not the GPU's"
+        )
+        reasons.append("relaunch with CUDA_LAUNCH_BLOCKING=1 to see where; drain nothing yet")
+        return context.verdict(FailureKind.HARDWARE, Confidence.LOW, reasons)
+    else:
+        node = context.node
+        confidence = Confidence.MEDIUM
+        reasons.append("no node probe confirmed it")
+    if node is None:
+        reasons.append(
+            "the log does not say which node: probe the job's nodes before draining any;"
+            " the job's memory was not the cause"
+        )
+        return context.verdict(FailureKind.HARDWARE, confidence, reasons)
+    confirmed = probe is not None and bool(probe_reasons)
+    if confirmed:
+        reasons.append(f"drain {node} and relaunch without it; the job's memory was not the cause")
+    else:
+        reasons.append(
+            f"relaunch without {node}; it is drained only if a probe of the node confirms the"
+            " fault (the log alone is the job's own text)"
+        )
+    return context.verdict(
+        FailureKind.HARDWARE, confidence, reasons, bad_nodes=(node,), probe_confirmed=confirmed
+    )
+
+
+def _probe_faults(context: _Context) -> list[str]:
     probe = context.evidence.probe
     if probe is None or (context.node is not None and probe.node != context.node):
-        return None
+        return []
     reasons: list[str] = []
     for event in probe.xid_events:
         if event.policy is XidPolicy.HARDWARE:  # the operator-editable XID catalog decides
@@ -258,38 +351,48 @@ def _hardware(context: _Context) -> Diagnosis | None:
             )
     if not reasons and probe.verdict is ProbeVerdict.FAULTY:
         reasons.extend(probe.reasons or (f"the probe found {probe.node} faulty",))
-    if not reasons:
+    return reasons
+
+
+def _log_fault(context: _Context) -> str | None:
+    """A GPU fault as the log's root failure, in the XID catalog's words where it printed one."""
+    if context.root_cause is not RootCause.GPU_FAULT:
         return None
-    reasons.append(
-        f"drain {probe.node} and relaunch without it; the job's memory was not the cause"
-    )
-    return context.verdict(FailureKind.HARDWARE, Confidence.HIGH, reasons, bad_nodes=(probe.node,))
+    fault = context.log.gpu_fault
+    line = context.root_cause_line
+    if fault is None:
+        return None if line is None else f"the job's log shows a GPU fault: {_quote(line)}"
+    reason = f"the job's log shows a GPU fault: {_quote(fault.line)}"
+    if fault.xid is not None:
+        return f"{reason} (XID {fault.xid}: {fault.words})"
+    return f"{reason} ({fault.words})" if fault.words else reason
 
 
-def _cotenant(context: _Context) -> Diagnosis | None:
-    """Other processes on the job's GPU: from the OOM message (as it failed) or the probe."""
-    oom = context.log.oom
+def _probe_cotenant(context: _Context) -> Diagnosis | None:
+    """Processes still holding memory on the job's GPUs after it died, as the probe saw them;
+    the message's own list of processes joins them."""
     own = set(context.log.job_pids)
-    reasons: list[str] = []
-    listed: list[OtherProcess] = []
-    if oom is not None and oom.family is OomFamily.TORCH_ALLOCATOR:
-        for process in oom.other_processes:
-            if process.pid in own or _is_self_in_container(oom, process.bytes):
-                continue
-            if process.bytes >= COTENANT_MIN_BYTES:
-                listed.append(process)
-                reasons.append(
-                    f"process {process.pid} held {format_size(process.bytes)} on the same GPU"
-                )
-    pids = [process.pid for process in listed]
-    probe_reasons, probe_pids, scoped = _probe_cotenants(context, own | set(pids))
-    reasons.extend(probe_reasons)
-    pids.extend(probe_pids)
-    if not reasons:
+    probe_reasons, probe_pids, scoped = _probe_cotenants(context, own)
+    if not probe_reasons:
         return None
-    confidence = Confidence.MEDIUM if listed or scoped else Confidence.LOW
-    if not scoped and probe_pids:
+    listed = _listed_cotenants(context)
+    reasons = [_holder_words(process) for process in listed] + probe_reasons
+    pids = [process.pid for process in listed]
+    pids.extend(pid for pid in probe_pids if pid not in pids)
+    confidence = Confidence.MEDIUM if scoped or listed else Confidence.LOW
+    if not scoped:
         reasons.append("the job's GPUs are not known: every GPU of the node was counted")
+    return _cotenant_verdict(context, confidence, reasons, pids)
+
+
+def _message_cotenant(context: _Context, oom: OomReport, reasons: list[str]) -> Diagnosis | None:
+    """Other processes the OOM message lists on the GPU, when the rule says it was full."""
+    listed = _listed_cotenants(context)
+    if not listed:
+        return None
+    reasons = [*reasons, *(_holder_words(process) for process in listed)]
+    confidence = Confidence.MEDIUM
+    held = sum(process.bytes for process in listed)
     if len(listed) >= STRAY_CONTEXT_MIN_COUNT and all(
         p.bytes < STRAY_CONTEXT_MAX_BYTES for p in listed
     ):
@@ -299,15 +402,20 @@ def _cotenant(context: _Context) -> Diagnosis | None:
             " (set the device before any CUDA call)"
         )
     elif (
-        oom is not None
-        and oom.requested_bytes is not None
-        and listed
-        and sum(p.bytes for p in listed) >= oom.requested_bytes
+        oom.requested_bytes is not None
+        and held + (oom.free_bytes or 0) + (oom.reserved_unallocated_bytes or 0)
+        >= oom.requested_bytes
     ):
         confidence = Confidence.HIGH
         reasons.append(
             f"without them the {format_size(oom.requested_bytes)} request would have fit"
         )
+    return _cotenant_verdict(context, confidence, reasons, [p.pid for p in listed])
+
+
+def _cotenant_verdict(
+    context: _Context, confidence: Confidence, reasons: list[str], pids: list[int]
+) -> Diagnosis:
     node = context.node
     reasons.append("exclude the node and report the process; do not cut the batch")
     return context.verdict(
@@ -317,6 +425,25 @@ def _cotenant(context: _Context) -> Diagnosis | None:
         bad_nodes=(node,) if node else (),
         cotenant_pids=tuple(pid for pid in pids if pid >= 0),
     )
+
+
+def _listed_cotenants(context: _Context) -> list[OtherProcess]:
+    """The `Process N has X memory in use` entries that are neither the job nor leftovers."""
+    oom = context.log.oom
+    if oom is None or oom.family is not OomFamily.TORCH_ALLOCATOR:
+        return []
+    own = set(context.log.job_pids)
+    return [
+        process
+        for process in oom.other_processes
+        if process.pid not in own
+        and not _is_self_in_container(oom, process.bytes)
+        and process.bytes >= COTENANT_MIN_BYTES
+    ]
+
+
+def _holder_words(process: OtherProcess) -> str:
+    return f"process {process.pid} held {format_size(process.bytes)} on the same GPU"
 
 
 def _probe_cotenants(context: _Context, known: set[int]) -> tuple[list[str], list[int], bool]:
@@ -353,14 +480,15 @@ def _is_self_in_container(oom: OomReport, process_bytes: int) -> bool:
 def _host_ram(context: _Context) -> Diagnosis | None:
     log = context.log
     job = context.evidence.job
+    root = context.root_cause
+    if root in (RootCause.ACCELERATOR_OOM, RootCause.GPU_FAULT):
+        return None
     reasons: list[str] = []
     certain = False
-    if log.oom is not None and log.oom.family is OomFamily.HOST_RAM:
-        certain = host_ram_is_certain(log.oom.message)
-        reasons.append(f"the log says: {_quote(log.oom.message)}")
-    gpu_oom = log.oom is not None and log.oom.family is not OomFamily.HOST_RAM
-    if gpu_oom:
-        return None
+    if root is RootCause.HOST_RAM:
+        line = context.root_cause_line or ""
+        certain = host_ram_is_certain(line)
+        reasons.append(f"the log's first failure is the host's RAM: {_quote(line)}")
     if job is not None and job.state is JobState.OUT_OF_MEMORY:
         certain = True
         reasons.append(f"Slurm ended job {job.display_id} as OUT_OF_MEMORY (its memory cgroup)")
@@ -374,7 +502,7 @@ def _host_ram(context: _Context) -> Diagnosis | None:
     killed = log.killed_by_signal == 9 or log.exit_code in (137, -9)
     if job is not None and (job.exit_signal == 9 or job.exit_code == 137):
         killed = True
-    if killed and not log.traceback_seen and not reasons:
+    if killed and not log.traceback_seen and not reasons and root is None:
         reasons.append("killed by SIGKILL (exit 137 / signal 9) with no Python traceback")
     if not reasons:
         return None
@@ -384,41 +512,48 @@ def _host_ram(context: _Context) -> Diagnosis | None:
     )
 
 
+def _collective_timeout(context: _Context) -> Diagnosis | None:
+    if context.root_cause is not RootCause.COLLECTIVE_TIMEOUT:
+        return None
+    reasons = [
+        "only a collective timeout is in view: the root failure is elsewhere (another rank's"
+        " log, or earlier than the part read)",
+    ]
+    if (line := context.root_cause_line) is not None:
+        reasons.append(f"the first one: {_quote(line)}")
+    if context.log.cascade_ranks:
+        ranks = ", ".join(str(rank) for rank in context.log.cascade_ranks)
+        reasons.append(f"ranks {ranks} timed out too")
+    return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+
+
 def _gpu_oom(context: _Context) -> Diagnosis | None:
     oom = context.log.oom
     if oom is None or oom.family is OomFamily.HOST_RAM:
+        line = context.root_cause_line
+        if context.root_cause is RootCause.ACCELERATOR_OOM and line:
+            reasons = [
+                f"the log's first failure is out of device memory: {_quote(line)}",
+                "but no figures were read from it: nothing to weigh",
+            ]
+            return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
         return None
     reasons = [f"{_family_words(oom)}: {_quote(oom.message)}"]
-    requested, free = oom.requested_bytes, oom.free_bytes
-    if requested is not None and free is not None and free > requested + FREE_EXCESS_MARGIN_BYTES:
-        reasons.append(
-            f"the driver still had {format_size(free)} free, more than the"
-            f" {format_size(requested)} asked for: neither capacity nor fragmentation explains it"
-        )
-        reasons.append(
-            "look for a per-process memory fraction cap, a MIG slice smaller than the card,"
-            " or another process that raced for the memory"
-        )
-        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
-    fragmentation = _fragmentation(oom)
-    if fragmentation is not None:
-        ratio, share_text = fragmentation
-        reasons.append(
-            f"{format_size(oom.reserved_unallocated_bytes or 0)} reserved but unallocated is"
-            f" {ratio:.1f}x the {format_size(requested or 0)} request{share_text}: fragmentation"
-        )
-        reasons.append("set expandable_segments:True before any batch change")
-        return context.verdict(
-            FailureKind.FRAGMENTATION,
-            Confidence.HIGH if ratio >= FRAGMENTATION_HIGH_RATIO else Confidence.MEDIUM,
-            reasons,
-        )
+    if oom.family is OomFamily.TORCH_ALLOCATOR:
+        verdict = _fragmentation_rule(context, oom, reasons)
+        if verdict is not None:
+            return verdict
+    elif oom.request_beyond_any_device:
+        return _size_bug(context, oom, reasons)
+    verdict = _message_cotenant(context, oom, reasons)
+    if verdict is not None:
+        return verdict
     reasons.extend(_capacity_reasons(oom))
     phase = context.log.phase
     if phase is Phase.OPTIMIZER_STEP:
         reasons.append("it ran out inside optimizer.step: optimizer state or its update burst")
         return context.verdict(FailureKind.OPTIMIZER_BURST, _numbers_confidence(oom), reasons)
-    if phase is Phase.EVAL:
+    if phase in (Phase.EVAL, Phase.GENERATE):
         reasons.append("it ran out in evaluation or generation: eval batch or KV cache growth")
         return context.verdict(FailureKind.EVAL_GROWTH, _numbers_confidence(oom), reasons)
     spike = _workspace_spike(context, oom)
@@ -428,47 +563,153 @@ def _gpu_oom(context: _Context) -> Diagnosis | None:
     return _true_oom(context, oom, reasons)
 
 
-def _fragmentation(oom: OomReport) -> tuple[float, str] | None:
-    unallocated, requested = oom.reserved_unallocated_bytes, oom.requested_bytes
-    if unallocated is None or not requested:
+def _fragmentation_rule(context: _Context, oom: OomReport, reasons: list[str]) -> Diagnosis | None:
+    """The runbooks' rule on PyTorch's figures; None where it says true OOM (the caller goes on).
+
+    With X the request, F the driver-free and U the reserved-but-unallocated bytes: X beyond
+    any device is a size bug; X larger than the card a single tensor the device cannot hold;
+    F >= X leaves nothing to explain it; U >= X or F + U >= X is fragmentation (unless the run
+    already had expandable segments); a figure missing leaves the rule undecided.
+    """
+    requested, total = oom.requested_bytes, oom.total_bytes
+    free, unallocated = oom.free_bytes, oom.reserved_unallocated_bytes
+    if oom.request_beyond_any_device or (
+        requested is not None and requested > ABSURD_REQUEST_BYTES
+    ):
+        return _size_bug(context, oom, reasons)
+    if oom.other_allocations_bytes is not None:
+        return _mps_watermark(context, oom, reasons)
+    if not requested:
+        reasons.append(
+            "the message gives no request (or 0 bytes) to weigh the other figures against:"
+            " the rule cannot tell fragmentation from a full card"
+        )
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    if total is not None and requested > total:
+        reasons.append(
+            f"the {format_size(requested)} request alone is larger than the whole"
+            f" {format_size(total)} card: a single tensor bigger than the device; batch levers"
+            " at the same geometry may not help (split, shard or shorten what makes it)"
+        )
+        return _true_oom(context, oom, reasons)
+    if free is not None and free >= requested:
+        more = "more than" if free > requested else "as much as"
+        reasons.append(
+            f"the driver still had {format_size(free)} free, {more} the"
+            f" {format_size(requested)} asked for: neither capacity nor fragmentation explains it"
+        )
+        if oom.allowed_bytes is not None:
+            reasons.append(
+                f"the message prints {format_size(oom.allowed_bytes)} allowed: a per-process"
+                " memory fraction cap (torch.cuda.set_per_process_memory_fraction) refused it"
+                " below the card's capacity"
+            )
+        else:
+            reasons.append(
+                "look for a per-process memory fraction cap, a MIG slice smaller than the card,"
+                " or another process that raced for the memory"
+            )
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    if unallocated is not None and (unallocated + (free or 0)) >= requested:
+        return _fragmentation(context, oom, requested, unallocated, reasons)
+    if free is None or unallocated is None:
+        missing = "driver-free" if free is None else "reserved-but-unallocated"
+        reasons.append(
+            f"the message prints no {missing} figure: the rule cannot tell fragmentation"
+            " from a full card"
+        )
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    reasons.append(
+        f"{format_size(free)} free and {format_size(unallocated)} reserved but unallocated"
+        f" fall {format_size(requested - free - unallocated)} short of the"
+        f" {format_size(requested)} request: not fragmentation"
+    )
+    return None
+
+
+def _fragmentation(
+    context: _Context, oom: OomReport, requested: int, unallocated: int, reasons: list[str]
+) -> Diagnosis | None:
+    free = oom.free_bytes or 0
+    margin = free + unallocated - requested
+    if unallocated >= requested:
+        held = f"{format_size(unallocated)} reserved but unallocated alone covers"
+    else:
+        held = (
+            f"{format_size(free)} free and {format_size(unallocated)} reserved but unallocated"
+            f" ({format_size(free + unallocated)}) cover"
+        )
+    share = f", {margin / oom.total_bytes:.1%} of the card" if oom.total_bytes else ""
+    reasons.append(
+        f"{held} the {format_size(requested)} request with {format_size(margin)} to spare"
+        f"{share}: the bytes existed but not in one piece"
+    )
+    if context.evidence.expandable_segments:
+        reasons.append(
+            "the run already had expandable_segments:True, which lets a segment grow in place:"
+            " stranded bytes are not the story, the card was full; taken as a true OOM"
+        )
         return None
-    ratio = unallocated / requested
-    if ratio < FRAGMENTATION_RATIO:
-        return None
-    base = oom.total_bytes or oom.reserved_bytes
-    if base:
-        share = unallocated / base
-        if share < FRAGMENTATION_MIN_SHARE:
-            return None
-        return ratio, f" and {share:.0%} of the {format_size(base)} card"
-    return ratio, ""
+    reasons.extend(_holder_words(process) for process in _listed_cotenants(context))
+    slack = rounding_error(requested) + rounding_error(free) + rounding_error(unallocated)
+    if margin <= slack:
+        confidence = Confidence.LOW
+        reasons.append("the margin is within the rounding of the printed figures")
+    elif margin < requested:
+        confidence = Confidence.MEDIUM
+        reasons.append("a thin margin: less than the request again")
+    else:
+        confidence = Confidence.HIGH
+    reasons.append("fragmentation: set expandable_segments:True before any batch change")
+    return context.verdict(FailureKind.FRAGMENTATION, confidence, reasons)
+
+
+def _size_bug(context: _Context, oom: OomReport, reasons: list[str]) -> Diagnosis:
+    requested, total = oom.requested_bytes, oom.total_bytes
+    if requested is None:
+        asked = "a request beyond 1 EiB"
+    else:
+        asked = f"the {format_size(requested)} request"
+        if total:
+            asked += f" alone is larger than the whole {format_size(total)} card and"
+    reasons.append(
+        f"{asked} beyond any device: a size bug in the program (an overflowed or mis-multiplied"
+        " shape), not memory pressure"
+    )
+    return context.verdict(FailureKind.NOT_OOM, Confidence.HIGH, reasons)
+
+
+def _mps_watermark(context: _Context, oom: OomReport, reasons: list[str]) -> Diagnosis | None:
+    """Apple's allocator refuses past its high watermark (`max allowed`)."""
+    requested, allocated = oom.requested_bytes, oom.allocated_bytes
+    other, allowed = oom.other_allocations_bytes or 0, oom.allowed_bytes
+    if other > ABSURD_REQUEST_BYTES:
+        reasons.append(
+            f"MPS counts {format_size(other)} of other allocations, beyond any machine: its"
+            " accounting is broken, not the memory"
+        )
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    if requested is None or allocated is None or allowed is None:
+        reasons.append("the MPS message lacks a figure: nothing to weigh")
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    wanted = allocated + other + requested
+    if wanted <= allowed:
+        reasons.append(
+            f"MPS allocated {format_size(allocated)} and other allocations"
+            f" {format_size(other)} with the {format_size(requested)} request stay under its"
+            f" {format_size(allowed)} max allowed: the device itself could not serve it"
+        )
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
+    reasons.append(
+        f"MPS allocated {format_size(allocated)} + other allocations {format_size(other)} +"
+        f" the {format_size(requested)} request = {format_size(wanted)}, over its"
+        f" {format_size(allowed)} max allowed (the high watermark)"
+    )
+    return None
 
 
 def _capacity_reasons(oom: OomReport) -> list[str]:
     reasons: list[str] = []
-    unallocated, requested = oom.reserved_unallocated_bytes, oom.requested_bytes
-    if requested is not None and oom.total_bytes and requested > oom.total_bytes:
-        reasons.append(
-            f"the {format_size(requested)} request alone is larger than the whole"
-            f" {format_size(oom.total_bytes)} card: one tensor of an impossible size"
-        )
-    if requested is not None and unallocated is not None:
-        if unallocated < requested:
-            reasons.append(
-                f"only {format_size(unallocated)} reserved but unallocated against the"
-                f" {format_size(requested)} request: not fragmentation"
-            )
-        elif requested == 0:
-            reasons.append(
-                f"the failed request was for 0 bytes, with {format_size(unallocated)} reserved"
-                " but unallocated: the figures cannot tell fragmentation from a full card"
-            )
-        else:
-            reasons.append(
-                f"{format_size(unallocated)} reserved but unallocated is"
-                f" {unallocated / requested:.1f}x the {format_size(requested)} request, but too"
-                " small a share of the card to be what filled it: not fragmentation"
-            )
     if oom.total_bytes and oom.free_bytes is not None and oom.reserved_bytes is not None:
         elsewhere = oom.total_bytes - oom.free_bytes - oom.reserved_bytes
         if elsewhere >= oom.total_bytes * OUTSIDE_CACHE_SHARE:
@@ -568,7 +809,8 @@ def _mid_run_cause(oom: OomReport, step: int) -> MidRunCause:
 
 def _not_oom(context: _Context) -> Diagnosis | None:
     log = context.log
-    if log.root_failure_line is None:
+    line = context.root_cause_line
+    if context.root_cause is not RootCause.OTHER_ERROR or line is None:
         job = context.evidence.job
         if job is not None and job.state in (JobState.NODE_FAIL, JobState.TIMEOUT):
             return context.verdict(
@@ -577,8 +819,7 @@ def _not_oom(context: _Context) -> Diagnosis | None:
                 [f"Slurm ended job {job.display_id} as {job.state.value}, not out of memory"],
             )
         return None
-    reasons = [f"the first failure was not out of memory: {_quote(log.root_failure_line)}"]
-    reasons.extend(note for note in log.notes if note.startswith("only collective"))
+    reasons = [f"the first failure was not out of memory: {_quote(line)}"]
     if log.cascade_ranks:
         ranks = ", ".join(str(rank) for rank in log.cascade_ranks)
         reasons.append(f"ranks {ranks} failed after it, as a cascade")
@@ -593,6 +834,7 @@ def _family_words(oom: OomReport) -> str:
         OomFamily.CUDNN: "cuDNN could not allocate GPU memory",
         OomFamily.NCCL: "NCCL could not allocate GPU memory",
         OomFamily.XLA: "XLA ran out of device memory",
+        OomFamily.ONNX_RUNTIME: "ONNX Runtime's arena could not allocate device memory",
         OomFamily.HOST_RAM: "the host ran out of RAM",
     }[oom.family]
 

@@ -32,7 +32,7 @@ _PRECISION_LADDER = (
 
 # Cheapest first, per kind (the runbook's first moves). Names refer to remediators.registry.
 LADDERS: Mapping[FailureKind, tuple[str, ...]] = {
-    FailureKind.HARDWARE: ("drain_and_exclude",),
+    FailureKind.HARDWARE: ("drain_and_exclude", "exclude_node"),
     FailureKind.COTENANT: ("exclude_node",),
     FailureKind.HOST_RAM: ("dataloader_workers_down",),
     FailureKind.FRAGMENTATION: (

@@ -75,9 +75,28 @@ def judge_progress(
     return VerifyVerdict(step_ok and checkpoint_ok, tuple(reasons))
 
 
+# Device OOM kinds a fragmentation fix can turn into: once `expandable_segments` is on, the same
+# shortage reads as a plain capacity problem (the rule stops counting stranded bytes), and the
+# runbook's next move is the capacity ladder, not a person.
+_AFTER_FRAGMENTATION = frozenset(
+    {
+        FailureKind.FRAGMENTATION,
+        FailureKind.TRUE_OOM,
+        FailureKind.WORKSPACE_SPIKE,
+        FailureKind.OPTIMIZER_BURST,
+        FailureKind.EVAL_GROWTH,
+    }
+)
+
+
 def relaunch_outcome(previous: FailureKind, again: Diagnosis) -> Outcome:
-    """The same kind of failure climbs the ladder; anything else needs a person."""
-    return Outcome.SAME_FAILURE if again.kind is previous else Outcome.DIFFERENT_FAILURE
+    """The same failure climbs the ladder; anything else needs a person. A device OOM after a
+    fragmentation fix is the same failure (see `_AFTER_FRAGMENTATION`)."""
+    if again.kind is previous:
+        return Outcome.SAME_FAILURE
+    if previous is FailureKind.FRAGMENTATION and again.kind in _AFTER_FRAGMENTATION:
+        return Outcome.SAME_FAILURE
+    return Outcome.DIFFERENT_FAILURE
 
 
 # ----------------------------------------------------------------------------- store side

@@ -1,6 +1,7 @@
-"""Placement: keep the run off a bad node. Hardware faults also drain the node (an action the
-daemon performs, with a `medic:` reason); a co-tenant's node is only excluded, and the pid
-reported, because the node itself is healthy."""
+"""Placement: keep the run off a bad node. Hardware faults that the node probe confirmed also
+drain the node (an action the daemon performs, with a `medic:` reason); a fault seen only in
+the job's log, and a co-tenant's node, are only excluded (the pid reported), because the log is
+the job's own text and the co-tenant's node is healthy."""
 
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ class DrainAndExclude:
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
         if diagnosis.kind is not FailureKind.HARDWARE:
             return no("only a hardware diagnosis drains a node")
+        if not diagnosis.probe_confirmed:
+            return no("no node probe confirmed the fault: a job's log alone drains nothing")
         return ExcludeNode().applies(diagnosis, template)
 
     def propose(self, diagnosis: Diagnosis, template: LaunchTemplate) -> RemediationProposal:

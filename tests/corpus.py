@@ -70,23 +70,10 @@ KIND_AS_RULE: Final[Mapping[str, RuleKind]] = {
     "host_ram": RuleKind.NOT_OOM,
     "hardware": RuleKind.NOT_OOM,
 }
-# Verdict kind -> the log's root cause. Every GPU OOM kind (co-tenant included) is a CUDA OOM;
-# a failure that is not an OOM is another error; `unknown` claims no failure. The product has
-# no word for an NCCL timeout, so those labels disagree.
-KIND_AS_ROOT_CAUSE: Final[Mapping[str, RootCause]] = {
-    "fragmentation": RootCause.CUDA_OOM,
-    "true_oom": RootCause.CUDA_OOM,
-    "workspace_spike": RootCause.CUDA_OOM,
-    "optimizer_burst": RootCause.CUDA_OOM,
-    "eval_growth": RootCause.CUDA_OOM,
-    "cotenant": RootCause.CUDA_OOM,
-    "host_ram": RootCause.HOST_RAM,
-    "hardware": RootCause.GPU_FAULT,
-    "not_oom": RootCause.OTHER_ERROR,
-    "unknown": RootCause.NONE,
-}
 # Phase -> the labels' phase; `unknown` says nothing. The labels call the eval/generate phase
-# `generate`; the product has no `setup` (model loading, process-group init) yet.
+# `generate` (the product's `generate` and `setup` are the labels' words already).
+# The log's root cause needs no table: `diagnose --json` prints it in the labels' words
+# (`root_cause`, null where the log shows no failure: the labels' `none`).
 PHASE_AS_LABEL: Final[Mapping[str, str | None]] = {
     "forward": "forward",
     "backward": "backward",
@@ -184,6 +171,7 @@ class ProductAnswer:
     step: int | None = None
     phase: str | None = None  # in the product's words
     read_oom: bool = False  # the verdict carries an OOM report
+    root_cause: str | None = None  # the log's root cause as printed; None: no failure shown
     numbers: Numbers = Numbers()
     error: str | None = None  # why no verdict was printed
 
@@ -387,6 +375,7 @@ def _answer(verdict: Mapping[str, Any]) -> ProductAnswer:
         phase=_typed(verdict["phase"], str),
         read_oom=oom is not None,
         numbers=numbers,
+        root_cause=_typed(verdict["root_cause"], str),
     )
 
 
@@ -440,8 +429,8 @@ def compare_log(label: LogLabel, answer: ProductAnswer) -> tuple[Comparison, ...
     """Rank, host, step, phase and root cause of one log excerpt."""
     phase = None if answer.phase is None else PHASE_AS_LABEL.get(answer.phase, answer.phase)
     root_cause = None
-    if answer.kind is not None:
-        root_cause = str(KIND_AS_ROOT_CAUSE.get(answer.kind, answer.kind))
+    if answer.answered:
+        root_cause = answer.root_cause or RootCause.NONE.value
     pairs: tuple[tuple[str, str | int | None, str | int | None], ...] = (
         ("rank", label.rank, answer.rank),
         ("host", label.host, answer.host),

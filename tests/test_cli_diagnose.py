@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
+from daemon.commands.diagnose import merge_findings
+from daemon.evidence.records import GpuFault, LogFindings, RootCause
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError
 
@@ -57,9 +59,13 @@ def test_installed_script_prints_the_json_contract() -> None:
         "step",
         "phase",
         "oom",
+        "root_cause",
+        "root_cause_line",
     } <= set(verdict)
-    assert verdict["kind"] == "true_oom"
-    assert verdict["onset"] == "mid_run"
+    # 336.73 MiB reserved but unallocated covers the 226.00 MiB request: fragmentation
+    assert verdict["kind"] == "fragmentation"
+    assert verdict["root_cause"] == "cuda_oom"
+    assert "CUDA out of memory. Tried to allocate 226.00 MiB" in verdict["root_cause_line"]
     assert (verdict["rank"], verdict["node"], verdict["step"], verdict["phase"]) == (
         3,
         "gpu-02",
@@ -72,13 +78,27 @@ def test_installed_script_prints_the_json_contract() -> None:
     assert all(isinstance(reason, str) for reason in verdict["reasons"])
 
 
+def test_alloc_conf_with_expandable_segments_turns_stranded_bytes_into_a_true_oom() -> None:
+    log = str(DATA / "logs" / "torchrun_multirank_backward_oom.log")
+    conf = "max_split_size_mb:512,expandable_segments:True"
+    result = CliRunner().invoke(main, ["diagnose", "--log", log, "--json", "--alloc-conf", conf])
+    assert result.exit_code == 0
+    verdict = json.loads(result.output)
+    assert (verdict["kind"], verdict["onset"]) == ("true_oom", "mid_run")
+    assert any("already had expandable_segments:True" in reason for reason in verdict["reasons"])
+    off = CliRunner().invoke(
+        main, ["diagnose", "--log", log, "--json", "--alloc-conf", "expandable_segments:False"]
+    )
+    assert json.loads(off.output)["kind"] == "fragmentation"
+
+
 def test_json_other_processes_and_nulls() -> None:
     result = CliRunner().invoke(
         main, ["diagnose", "--log", str(DATA / "oom" / "torch_other_processes.txt"), "--json"]
     )
     assert result.exit_code == 0
     verdict = json.loads(result.output)
-    assert verdict["kind"] == "cotenant"
+    assert verdict["kind"] == "fragmentation"  # 163.19 MiB stranded covers the 26.00 MiB asked
     assert verdict["oom"]["other_processes"] == [
         {"pid": 3893521, "bytes": 648019968},
         {"pid": 1493972, "bytes": 1374389535},
@@ -92,7 +112,8 @@ def test_json_oom_is_null_when_not_oom() -> None:
     )
     assert result.exit_code == 0
     verdict = json.loads(result.output)
-    assert verdict["kind"] == "not_oom"
+    assert (verdict["kind"], verdict["root_cause"]) == ("unknown", "nccl_timeout")
+    assert any("only a collective timeout is in view" in r for r in verdict["reasons"])
     assert verdict["oom"] is None
 
 
@@ -107,6 +128,7 @@ def test_human_output_verdict_first_then_reasons_numbers_and_advice() -> None:
     assert text.index("Why") < text.index("Numbers") < text.index("What to do")
     assert "requested: 3.00 GiB (3221225472 bytes)" in text
     assert "expandable_segments:True" in text
+    assert lines[2].startswith("root cause cuda_oom: torch.cuda.OutOfMemoryError: CUDA out of")
 
 
 def test_several_logs_are_merged() -> None:
@@ -197,3 +219,34 @@ def test_diagnose_jobid_on_the_local_cluster() -> None:
         assert verdict["oom"]["requested_bytes"] == 3 * 1024**3
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def test_merged_findings_keep_the_root_cause_of_the_most_telling_log() -> None:
+    timeout = LogFindings(
+        root_cause=RootCause.COLLECTIVE_TIMEOUT,
+        root_failure_line="[Rank 0] Watchdog caught collective operation timeout",
+        step=120,
+    )
+    fault = LogFindings(
+        root_cause=RootCause.GPU_FAULT,
+        gpu_fault=GpuFault("CUDA error: unspecified launch failure", "unspecified launch failure"),
+        root_failure_line="CUDA error: unspecified launch failure",
+        rank=3,
+    )
+    merged = merge_findings([timeout, fault])
+    assert (merged.root_cause, merged.gpu_fault, merged.rank) == (
+        RootCause.GPU_FAULT,
+        fault.gpu_fault,
+        3,
+    )
+    assert merged.step == 120  # filled from the other log
+
+
+def test_a_merged_step_zero_is_kept_with_its_line() -> None:
+    # The first step is step 0 (HF's `0/1000` bar): a falsy number, but a step all the same.
+    failing = LogFindings(
+        root_cause=RootCause.ACCELERATOR_OOM, root_failure_line="torch.OutOfMemoryError: ..."
+    )
+    progress = LogFindings(step=0, step_line="  0%|          | 0/1000 [00:00<?, ?it/s]")
+    merged = merge_findings([failing, progress])
+    assert (merged.step, merged.step_line) == (0, progress.step_line)

@@ -23,12 +23,14 @@ from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import (
     ComputeApp,
     Evidence,
+    GpuFault,
     GpuHealth,
     LogFindings,
     NodeProbe,
     OomReport,
     Phase,
     ProbeVerdict,
+    RootCause,
     XidEvent,
     XidPolicy,
 )
@@ -91,22 +93,27 @@ def run(log: LogFindings, **kwargs: object) -> Diagnosis:
     return diagnose(Evidence(log=log, **kwargs), History())  # type: ignore[arg-type]
 
 
-def test_fragmentation_quotes_the_ratio() -> None:
+# A message the fragmentation rule reads as a true OOM: F + U = 61.44 MiB < X = 64 MiB.
+TRUE_OOM_SAMPLE = "torch1x_max_split_zero_free.txt"
+
+
+def test_fragmentation_quotes_the_margin_and_its_share_of_the_card() -> None:
     oom = message("2.00 GiB", "79.15 GiB", "1.50 GiB", "70.00 GiB", "6.50 GiB")
     verdict = run(LogFindings(oom=oom, step=300, phase=Phase.FORWARD, node="gpu-02", rank=5))
     assert verdict.kind is FailureKind.FRAGMENTATION
     assert verdict.confidence is Confidence.HIGH
     assert any(
-        "6.50 GiB reserved but unallocated is 3.2x the 2.00 GiB request" in reason
+        "6.50 GiB reserved but unallocated alone covers the 2.00 GiB request with 6.00 GiB to"
+        " spare, 7.6% of the card" in reason
         for reason in verdict.reasons
     )
     assert (verdict.rank, verdict.node, verdict.step) == (5, "gpu-02", 300)
 
 
-def test_real_2_1_message_with_1_6x_is_fragmentation() -> None:
+def test_real_2_1_message_with_a_margin_beyond_the_request_is_confident_fragmentation() -> None:
     verdict = run(LogFindings(oom=sample("torch21_capacty.txt")))
     assert verdict.kind is FailureKind.FRAGMENTATION
-    assert verdict.confidence is Confidence.MEDIUM
+    assert verdict.confidence is Confidence.HIGH
 
 
 def test_more_free_than_asked_is_not_pretended_away() -> None:
@@ -118,30 +125,58 @@ def test_more_free_than_asked_is_not_pretended_away() -> None:
     assert "MIG" in text
 
 
-def test_small_unallocated_on_full_card_at_step0_is_true_oom() -> None:
+def test_a_small_share_of_the_card_stranded_is_still_fragmentation() -> None:
+    # 194.87 MiB reserved but unallocated (0.8% of the card) covers the 22.00 MiB request.
     verdict = run(LogFindings(oom=sample("torch22_expandable.txt"), step=0))
+    assert verdict.kind is FailureKind.FRAGMENTATION
+    assert verdict.confidence is Confidence.HIGH
+
+
+def test_with_expandable_segments_already_on_stranded_bytes_are_a_true_oom() -> None:
+    findings = LogFindings(oom=sample("torch22_expandable.txt"), step=0)
+    verdict = diagnose(Evidence(log=findings, expandable_segments=True), History())
     assert verdict.kind is FailureKind.TRUE_OOM
     assert verdict.onset is Onset.STEP0
+    assert any("already had expandable_segments:True" in reason for reason in verdict.reasons)
     assert any("22.90 GiB of the 23.65 GiB card (97%)" in reason for reason in verdict.reasons)
 
 
 def test_own_process_seen_from_a_container_is_not_a_cotenant() -> None:
     verdict = run(LogFindings(oom=sample("torch21_container_pid.txt")))
-    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.kind is FailureKind.FRAGMENTATION  # F + U = 565.84 MiB >= X = 496 MiB
     assert verdict.cotenant_pids == ()
 
 
-def test_other_processes_in_the_message_are_cotenants() -> None:
-    verdict = run(LogFindings(oom=sample("torch_other_processes.txt"), node="gpu-02"))
+FULL_CARD_WITH_OTHERS = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+    " capacity of 79.15 GiB of which 100.00 MiB is free. Process 3893521 has 618.00 MiB memory"
+    " in use. Process 1493972 has 1.28 GiB memory in use. Including non-PyTorch memory, this"
+    " process has 77.00 GiB memory in use. Of the allocated memory 76.00 GiB is allocated by"
+    " PyTorch, and 200.00 MiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_other_processes_on_a_full_card_are_cotenants() -> None:
+    oom = parse_oom(FULL_CARD_WITH_OTHERS)
+    verdict = run(LogFindings(oom=oom, node="gpu-02"))
     assert verdict.kind is FailureKind.COTENANT
     assert verdict.confidence is Confidence.HIGH
-    assert "without them the 26.00 MiB request would have fit" in verdict.reasons
+    assert "without them the 2.00 GiB request would have fit" in verdict.reasons
     assert verdict.cotenant_pids == (3893521, 1493972)
     assert verdict.bad_nodes == ("gpu-02",)
 
 
+def test_other_processes_do_not_hide_fragmentation() -> None:
+    # 163.19 MiB reserved but unallocated covers the 26.00 MiB request: the allocator's own
+    # bytes would have served it, whoever else holds memory on the card.
+    verdict = run(LogFindings(oom=sample("torch_other_processes.txt"), node="gpu-02"))
+    assert verdict.kind is FailureKind.FRAGMENTATION
+    assert "process 1493972 held 1.28 GiB on the same GPU" in verdict.reasons
+    assert verdict.cotenant_pids == ()
+
+
 def test_job_pids_are_not_cotenants() -> None:
-    findings = LogFindings(oom=sample("torch_other_processes.txt"), job_pids=(3893521, 1493972))
+    findings = LogFindings(oom=parse_oom(FULL_CARD_WITH_OTHERS), job_pids=(3893521, 1493972))
     assert run(findings).kind is FailureKind.TRUE_OOM
 
 
@@ -164,7 +199,7 @@ def test_probe_compute_app_is_a_cotenant() -> None:
     unscoped = run(findings, probe=probe(gpus=(gpu,)))
     assert unscoped.confidence is Confidence.LOW
     other_gpu = run(findings, probe=probe(gpus=(gpu,)), job_gpu_uuids=("GPU-2",))
-    assert other_gpu.kind is FailureKind.TRUE_OOM
+    assert other_gpu.kind is FailureKind.FRAGMENTATION
 
 
 def test_xid_79_on_the_oom_node_is_hardware() -> None:
@@ -194,8 +229,10 @@ def test_fault_on_another_node_does_not_blame_this_one() -> None:
         memory_used_bytes=None,
         remap_pending=True,
     )
-    findings = LogFindings(oom=sample("torch22_expandable.txt"), node="gpu-03", step=0)
-    assert run(findings, probe=probe(gpus=(gpu,))).kind is FailureKind.TRUE_OOM
+    findings = LogFindings(oom=sample(TRUE_OOM_SAMPLE), node="gpu-03", step=0)
+    verdict = run(findings, probe=probe(gpus=(gpu,)))
+    assert verdict.kind is FailureKind.TRUE_OOM
+    assert verdict.bad_nodes == ()
 
 
 def test_pending_row_remap_is_hardware() -> None:
@@ -227,7 +264,7 @@ def test_sigkill_without_traceback_is_host_ram_with_less_certainty() -> None:
 
 
 def test_gpu_oom_beats_a_sigkill_that_followed_it() -> None:
-    findings = LogFindings(oom=sample("torch22_expandable.txt"), step=0, killed_by_signal=9)
+    findings = LogFindings(oom=sample(TRUE_OOM_SAMPLE), step=0, killed_by_signal=9)
     assert run(findings).kind is FailureKind.TRUE_OOM
 
 
@@ -247,8 +284,10 @@ def test_oom_in_optimizer_step_is_a_burst() -> None:
 
 
 def test_oom_in_eval_is_eval_growth() -> None:
-    findings = LogFindings(oom=sample("torch22_expandable.txt"), phase=Phase.EVAL, step=1000)
+    findings = LogFindings(oom=sample(TRUE_OOM_SAMPLE), phase=Phase.EVAL, step=1000)
     assert run(findings).kind is FailureKind.EVAL_GROWTH
+    generate = LogFindings(oom=sample(TRUE_OOM_SAMPLE), phase=Phase.GENERATE, step=1000)
+    assert run(generate).kind is FailureKind.EVAL_GROWTH
 
 
 @pytest.mark.parametrize(
@@ -260,7 +299,7 @@ def test_oom_in_eval_is_eval_growth() -> None:
     ],
 )
 def test_mid_run_causes(requested: str, step: int, cause: MidRunCause) -> None:
-    oom = message(requested, "79.15 GiB", "10.00 MiB", "78.00 GiB", "100.00 MiB")
+    oom = message(requested, "79.15 GiB", "10.00 MiB", "78.00 GiB", "5.00 MiB")
     verdict = run(LogFindings(oom=oom, step=step, phase=Phase.BACKWARD))
     assert verdict.kind is FailureKind.TRUE_OOM
     assert verdict.onset is Onset.MID_RUN
@@ -316,7 +355,7 @@ def test_many_small_holders_are_named_as_possible_stray_contexts() -> None:
         " total capacity of 79.15 GiB of which 200.00 MiB is free. Process 11 has 600.00 MiB"
         " memory in use. Process 12 has 600.00 MiB memory in use. Process 13 has 600.00 MiB"
         " memory in use. Including non-PyTorch memory, this process has 77.00 GiB memory in"
-        " use. Of the allocated memory 75.00 GiB is allocated by PyTorch, and 1.00 GiB is"
+        " use. Of the allocated memory 75.00 GiB is allocated by PyTorch, and 100.00 MiB is"
         " reserved by PyTorch but unallocated."
     )
     assert oom is not None
@@ -337,3 +376,120 @@ def test_four_rank_midrun_oom_is_at_step_6_not_the_optimizer_state(name: str) ->
     assert verdict.onset is Onset.MID_RUN
     assert verdict.mid_run_cause is MidRunCause.LONGEST_BATCH
     assert verdict.step == 6
+
+
+# --- the log's root cause (issue 11 section 2): evidence without a node probe ---------------
+
+ILLEGAL_ACCESS = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+XID_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+
+
+def fault(line: str = ILLEGAL_ACCESS, **kwargs: object) -> LogFindings:
+    values: dict[str, object] = {
+        "root_cause": RootCause.GPU_FAULT,
+        "gpu_fault": GpuFault(line=line, words="an illegal memory access"),
+        "root_failure_line": line,
+        "node": "gpu-02",
+        "rank": 1,
+    }
+    values.update(kwargs)
+    return LogFindings(**values)  # type: ignore[arg-type]
+
+
+def test_a_gpu_fault_in_the_log_is_hardware_without_a_probe() -> None:
+    verdict = run(fault())
+    assert verdict.kind is FailureKind.HARDWARE
+    assert verdict.confidence is Confidence.MEDIUM
+    assert verdict.bad_nodes == ("gpu-02",)
+    assert (verdict.root_cause, verdict.root_cause_line) == (RootCause.GPU_FAULT, ILLEGAL_ACCESS)
+    assert any(ILLEGAL_ACCESS in reason for reason in verdict.reasons)
+    assert "no node probe confirmed it" in verdict.reasons
+
+
+def test_a_printed_xid_is_said_in_the_catalogs_words() -> None:
+    findings = fault(XID_LINE, gpu_fault=GpuFault(XID_LINE, "GPU has fallen off the bus", 79))
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.HARDWARE
+    assert any("(XID 79: GPU has fallen off the bus)" in reason for reason in verdict.reasons)
+
+
+def test_a_gpu_fault_on_no_known_node_blames_no_node() -> None:
+    verdict = run(fault(node=None))
+    assert verdict.kind is FailureKind.HARDWARE
+    assert verdict.bad_nodes == ()
+    assert any("does not say which node" in reason for reason in verdict.reasons)
+
+
+def test_a_healthy_probe_of_the_node_keeps_it_out_of_the_drain() -> None:
+    verdict = run(fault(), probe=probe())
+    assert verdict.kind is FailureKind.HARDWARE
+    assert verdict.confidence is Confidence.LOW
+    assert verdict.bad_nodes == ()
+    assert any("found no XID, row remap or ECC fault" in reason for reason in verdict.reasons)
+
+
+def test_the_probes_evidence_comes_first() -> None:
+    xid = XidEvent(
+        code=79,
+        pci_bus_id=None,
+        pid=None,
+        process_name=None,
+        time=NOW,
+        text=XID_LINE,
+        policy=XidPolicy.HARDWARE,
+        meaning="GPU has fallen off the bus",
+    )
+    verdict = run(fault(), probe=probe(xid_events=(xid,)))
+    assert verdict.confidence is Confidence.HIGH
+    assert verdict.reasons[0] == "XID 79 on gpu-02: GPU has fallen off the bus"
+    assert ILLEGAL_ACCESS in verdict.reasons[1]
+    assert verdict.bad_nodes == ("gpu-02",)
+
+
+@pytest.mark.parametrize(
+    ("line", "confidence"),
+    [
+        ("torchrun: rank 0 exitcode -9 (Signal 9 (SIGKILL) received by PID 14750)", "medium"),
+        ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=42.0.", "high"),
+    ],
+)
+def test_a_host_ram_root_cause_is_host_ram(line: str, confidence: str) -> None:
+    findings = LogFindings(root_cause=RootCause.HOST_RAM, root_failure_line=line, rank=0)
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.HOST_RAM
+    assert verdict.confidence.value == confidence
+    assert any(line in reason for reason in verdict.reasons)
+
+
+def test_a_collective_timeout_alone_is_not_called_an_oom() -> None:
+    line = (
+        "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout"
+    )
+    findings = LogFindings(
+        root_cause=RootCause.COLLECTIVE_TIMEOUT, root_failure_line=line, cascade_ranks=(0, 1)
+    )
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.UNKNOWN
+    assert not verdict.is_oom
+    assert verdict.reasons[0].startswith(
+        "only a collective timeout is in view: the root failure is elsewhere"
+    )
+    assert verdict.root_cause is RootCause.COLLECTIVE_TIMEOUT
+
+
+def test_another_error_is_not_oom_even_with_a_sigkill_after_it() -> None:
+    line = "ValueError: Expected input batch_size (8) to match target (16)."
+    findings = LogFindings(
+        root_cause=RootCause.OTHER_ERROR, root_failure_line=line, killed_by_signal=9
+    )
+    verdict = run(findings)
+    assert verdict.kind is FailureKind.NOT_OOM
+    assert verdict.root_cause is RootCause.OTHER_ERROR
+
+
+def test_findings_without_a_root_cause_get_one_from_what_they_hold() -> None:
+    oom = sample(TRUE_OOM_SAMPLE)
+    assert run(LogFindings(oom=oom)).root_cause is RootCause.ACCELERATOR_OOM
+    line = "ValueError: bad shape"
+    assert run(LogFindings(root_failure_line=line)).root_cause is RootCause.OTHER_ERROR
+    assert run(LogFindings()).root_cause is None

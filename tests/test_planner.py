@@ -113,7 +113,8 @@ LADDERS = {
         "allocator_max_split_size",
         "allocator_gc_threshold",
     ],
-    ("hf-trainer", FailureKind.HARDWARE): ["drain_and_exclude"],
+    # The probe did not confirm it (the helper's default): excluded, never drained.
+    ("hf-trainer", FailureKind.HARDWARE): ["exclude_node"],
     ("hf-trainer", FailureKind.COTENANT): ["exclude_node"],
     ("deepspeed", FailureKind.HOST_RAM): ["dataloader_workers_down"],
     ("torchrun", FailureKind.WORKSPACE_SPIKE): [
@@ -297,3 +298,11 @@ def test_a_lever_the_template_never_renders_is_skipped() -> None:
         ("sharding_up", "dialect hf has no optimizer-sharding knob"),
         ("sequence_length_down", "its change would not reach the rendered script"),
     }
+
+
+def test_a_hardware_fault_the_probe_confirmed_drains_the_node() -> None:
+    proposals, _refusal, _revisions = walk(
+        example("hf-trainer"), diagnosis(FailureKind.HARDWARE, probe_confirmed=True)
+    )
+    # exclude_node is then skipped: the drain's relaunch already excludes gpu-03.
+    assert names(proposals) == ["drain_and_exclude"]

@@ -277,7 +277,13 @@ def test_log_fields_are_compared_in_the_labels_words() -> None:
         phase_line="",
     )
     answer = ProductAnswer(
-        exit_code=0, kind="hardware", rank=3, host="gpu7", step=None, phase="optimizer_step"
+        exit_code=0,
+        kind="hardware",
+        rank=3,
+        host="gpu7",
+        step=None,
+        phase="optimizer_step",
+        root_cause="gpu_fault",
     )
     rows = _by_field(compare_log(label, answer))
     assert {field: row.agrees for field, row in rows.items()} == {

@@ -332,6 +332,7 @@ def test_hardware_drains_with_a_medic_reason_and_excludes() -> None:
         FailureKind.HARDWARE,
         bad_nodes=("gpu-02",),
         reasons=("XID 79 on gpu-02\nfallen off the bus",),
+        probe_confirmed=True,
     )
     proposal = DrainAndExclude().propose(hardware, example("torchrun"))
     assert proposal.changes[0].after == ("gpu-02",)
@@ -343,6 +344,15 @@ def test_hardware_drains_with_a_medic_reason_and_excludes() -> None:
     assert not DrainAndExclude().applies(
         diagnosis(FailureKind.COTENANT, bad_nodes=("gpu-02",)), example("torchrun")
     )
+
+
+def test_a_fault_only_the_log_shows_is_excluded_never_drained() -> None:
+    # Anyone can print `Xid 79` in their own job's output.
+    from_log = diagnosis(FailureKind.HARDWARE, bad_nodes=("gpu-02",), probe_confirmed=False)
+    refused = DrainAndExclude().applies(from_log, example("torchrun"))
+    assert not refused
+    assert "no node probe confirmed" in refused.reason
+    assert ExcludeNode().applies(from_log, example("torchrun"))
 
 
 geometries = st.fixed_dictionaries(

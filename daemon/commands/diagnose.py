@@ -22,11 +22,12 @@ from rich.markup import escape
 from daemon.commands.terminal import printable
 from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
 from daemon.evidence.joblog import LogReadError, scan_log
-from daemon.evidence.records import Evidence, LogFindings
+from daemon.evidence.records import Evidence, LogFindings, RootCause
 from daemon.evidence.units import format_size
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.hostlist import fold_hostlist
 from daemon.slurm.records import SlurmJob
+from remediators.allocator import alloc_option
 
 EXIT_UNREADABLE = 3
 EXIT_SLURM = 4
@@ -71,12 +72,21 @@ _NEXT_MOVES = {
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--step-pattern", help="Regex whose first group is the training step.")
 @click.option("--follow-symlinks", is_flag=True, help="Read a log given through a symlink.")
+@click.option(
+    "--alloc-conf",
+    metavar="VALUE",
+    help="The run's PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF) value, e.g."
+    " expandable_segments:True: with expandable segments already on, stranded bytes are not"
+    " read as fragmentation.",
+)
 def diagnose_command(
+    *,
     job_id: str | None,
     logs: tuple[str, ...],
     as_json: bool,
     step_pattern: str | None,
     follow_symlinks: bool,
+    alloc_conf: str | None,
 ) -> None:
     """Diagnose a dead job: from --log FILE(s) offline, or from JOBID on the local cluster."""
     if bool(job_id) == bool(logs):
@@ -97,7 +107,12 @@ def diagnose_command(
     findings = merge_findings([_scan(path, step_pattern, follow_symlinks) for path in logs])
     if job is not None:
         findings = confine_to_allocation(findings, job)
-    verdict = with_suspicious_text(diagnose(Evidence(log=findings, job=job), History()), findings)
+    evidence = Evidence(
+        log=findings,
+        job=job,
+        expandable_segments=None if alloc_conf is None else expandable_segments_on(alloc_conf),
+    )
+    verdict = with_suspicious_text(diagnose(evidence, History()), findings)
     if as_json:
         click.echo(json.dumps(diagnosis_json(verdict), indent=2))
     else:
@@ -125,42 +140,54 @@ def _fail(message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def expandable_segments_on(alloc_conf: str) -> bool:
+    """Whether a PYTORCH_[CUDA_]ALLOC_CONF value turns expandable segments on."""
+    return (alloc_option(alloc_conf, "expandable_segments") or "").lower() == "true"
+
+
+# A root failure that names its cause outright beats another error, which beats a collective
+# timeout (the cascade of a failure another log may hold), which beats no failure at all.
+_TELLING = {
+    RootCause.ACCELERATOR_OOM: 3,
+    RootCause.GPU_FAULT: 3,
+    RootCause.HOST_RAM: 3,
+    RootCause.OTHER_ERROR: 2,
+    RootCause.COLLECTIVE_TIMEOUT: 1,
+}
+
+
+def _how_telling(findings: LogFindings) -> tuple[bool, bool, int]:
+    telling = 0 if findings.root_cause is None else _TELLING[findings.root_cause]
+    names_itself = findings.oom is not None or telling == _TELLING[RootCause.GPU_FAULT]
+    return names_itself, findings.root_failure_line is not None, telling
+
+
 def merge_findings(findings: Sequence[LogFindings]) -> LogFindings:
     """Several logs of one job (stdout and stderr, or one per rank): the most telling wins.
 
-    A log with an OOM report beats one with only a failure line, which beats one with nothing;
-    the missing node and step are then filled from the others.
+    A log with an OOM report or a root cause that names itself (device memory, a GPU fault,
+    host RAM) beats one with only a failure line, which beats one with nothing; the missing
+    node and step are then filled from the others.
     """
     if not findings:
         return LogFindings()
-    ranked = sorted(
-        findings,
-        key=lambda f: (f.oom is not None, f.root_failure_line is not None),
-        reverse=True,
-    )
+    ranked = sorted(findings, key=_how_telling, reverse=True)
     best = ranked[0]
     others = ranked[1:]
     node = best.node or next((f.node for f in others if f.node), None)
-    step = best.step if best.step is not None else next((f.step for f in others if f.step), None)
+    # Step 0 is a step (the first one): fill only a step the best log did not have at all.
+    step_from = (
+        best if best.step is not None else next((f for f in others if f.step is not None), best)
+    )
     steps = [f.max_step_seen for f in findings if f.max_step_seen is not None]
-    notes = tuple(note for f in findings for note in f.notes)
-    return LogFindings(
-        rank=best.rank,
+    return dataclasses.replace(
+        best,
         node=node,
-        step=step,
+        step=step_from.step,
+        step_line=step_from.step_line,
         max_step_seen=max(steps) if steps else None,
-        phase=best.phase,
-        frames=best.frames,
-        heavy_kernels=best.heavy_kernels,
-        oom=best.oom,
-        root_failure_line=best.root_failure_line,
-        cascade_ranks=best.cascade_ranks,
-        exit_code=best.exit_code,
-        killed_by_signal=best.killed_by_signal,
-        notes=notes,
-        error_type=best.error_type,
+        notes=tuple(note for f in findings for note in f.notes),
         job_pids=tuple(sorted({pid for f in findings for pid in f.job_pids})),
-        traceback_seen=best.traceback_seen,
         bytes_scanned=sum(f.bytes_scanned for f in findings),
     )
 
@@ -209,6 +236,8 @@ def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
         "phase": verdict.phase.value,
         "bad_nodes": list(verdict.bad_nodes),
         "cotenant_pids": list(verdict.cotenant_pids),
+        "root_cause": verdict.root_cause.value if verdict.root_cause else None,
+        "root_cause_line": verdict.root_cause_line,
         "oom": None
         if oom is None
         else {
@@ -223,6 +252,9 @@ def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
             "private_pool_bytes": oom.private_pool_bytes,
             "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in oom.other_processes],
             "gpu_index": oom.gpu_index,
+            "allowed_bytes": oom.allowed_bytes,
+            "other_allocations_bytes": oom.other_allocations_bytes,
+            "request_beyond_any_device": oom.request_beyond_any_device,
         },
     }
 
@@ -245,6 +277,11 @@ def _print_human(verdict: Diagnosis) -> None:
         if value is not None
     ]
     console.print(escape(printable(", ".join(where))))  # the node comes from the log
+    if verdict.root_cause is not None:
+        cause = f"root cause {verdict.root_cause.value}"
+        if verdict.root_cause_line:
+            cause += f": {' '.join(verdict.root_cause_line.split())[:200]}"
+        console.print(escape(printable(cause)))  # the line is the log's text
     console.print("\n[bold]Why[/bold]")
     for reason in verdict.reasons:
         console.print(f"  - {escape(printable(reason))}")  # reasons quote the log
@@ -258,6 +295,8 @@ def _print_human(verdict: Diagnosis) -> None:
             ("allocated", oom.allocated_bytes),
             ("reserved but unallocated", oom.reserved_unallocated_bytes),
             ("this process in use", oom.process_in_use_bytes),
+            ("allowed", oom.allowed_bytes),
+            ("other allocations", oom.other_allocations_bytes),
         ):
             if value is not None:
                 console.print(f"  {label}: {format_size(value)} ({value} bytes)")
