@@ -128,7 +128,10 @@ _PRESET_1B3: dict[str, Any] = {
 }
 SCENARIOS: dict[str, dict[str, Any]] = {
     "fragmentation": {**_PRESET_1B3, "micro_batch": 4, "grad_accum": 4, "fragmentation": 0.3},
-    "true-oom-step0": {**_PRESET_1B3, "micro_batch": 6, "grad_accum": 4},
+    # A 64k vocabulary makes the logits of 6 samples (3 GiB) more than the card has left even
+    # counting its reserved-but-unallocated bytes, so the runbooks' rule reads a true OOM, not
+    # fragmentation (with V 50304 the 2.30 GiB request fitted in free + unallocated).
+    "true-oom-step0": {**_PRESET_1B3, "vocab_size": 65536, "micro_batch": 6, "grad_accum": 4},
     "true-oom-midrun": {
         **_PRESET_1B3,
         "micro_batch": 4,
