@@ -1,4 +1,4 @@
-"""`slurm-medic template ...`: import a script, show, render and diff template revisions.
+"""`slurm-medic template ...`: analyse or import a script, show, render and diff revisions.
 
 A template lives in a directory (`template.toml` + the Jinja2 script); its revisions are JSON
 files under `revisions/` in that directory (see daemon.templates.RevisionDir). The directory is
@@ -8,14 +8,27 @@ read as the caller, through the same walk and caps as the daemon's reads as an o
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
+from daemon.commands.import_report import (
+    DOCUMENT_KEYS,
+    ScriptUnreadable,
+    caller_reader,
+    gather,
+    read_script,
+    report_document,
+    report_lines,
+)
+from daemon.commands.terminal import printable, printable_json
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import KnobError
-from daemon.owner_files import TEMPLATE_FILE
+from daemon.importer import ImporterError, Knob, parse_knob_mapping
+from daemon.owner_files import TEMPLATE_FILE, Owner
 from daemon.templates import (
     SCRIPT_FILE,
     KnobChange,
@@ -33,11 +46,95 @@ from daemon.templates import (
 
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TEMPLATE_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+EXIT_UNREADABLE = 3  # as `diagnose`: the input could not be read
 
 
 @click.group("template")
 def template_group() -> None:
-    """Launch templates: import, show, render, set, diff."""
+    """Launch templates: analyse, import, show, render, set, diff."""
+
+
+@template_group.command("analyse", epilog=f"JSON keys (--json):\n\n{DOCUMENT_KEYS}")
+@click.argument("script")
+@click.option(
+    "--knob",
+    "mappings",
+    multiple=True,
+    metavar="KNOB=FLAG",
+    help="a flag or key of the script's own program that sets a knob, e.g."
+    " micro_batch=--batch_size (repeat for several)",
+)
+@click.option(
+    "--checkpoint-dir",
+    metavar="DIR",
+    help="the absolute directory the run writes its checkpoints to, when the script does not say",
+)
+@click.option(
+    "--submit-dir",
+    metavar="DIR",
+    help="the directory the job is submitted from, which relative paths in the script are read"
+    " from [default: the script's directory]",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document (keys below)")
+def analyse_command(
+    script: str,
+    mappings: tuple[str, ...],
+    checkpoint_dir: str | None,
+    submit_dir: str | None,
+    as_json: bool,
+) -> None:
+    """What slurm-medic reads in an sbatch SCRIPT, before anything is imported.
+
+    Each knob with its value and the line it comes from (every place that sets it, and which
+    one wins), the knobs set only at run time, the ones not managed and why, the checkpoint
+    directory, where an export or a resume flag would be added, and a one-line verdict. The
+    script and the config files it names are read with your rights (regular files only,
+    size-capped); a file that is missing or refused is reported, never guessed at.
+
+    Exit codes: 0 analysed (whatever the verdict), 2 usage, 3 the script could not be read.
+    """
+    knob_names = _knob_names(mappings)
+    if checkpoint_dir is not None and not posixpath.isabs(checkpoint_dir):
+        raise click.BadParameter("an absolute path", param_hint="--checkpoint-dir")
+    location = posixpath.abspath(script)
+    directory = posixpath.abspath(submit_dir) if submit_dir else posixpath.dirname(location)
+    read = caller_reader()
+    try:
+        text = read_script(read, location)
+        gathered = gather(
+            text,
+            name=script,
+            read=read,
+            submit_dir=directory,
+            owner=Owner.current(),
+            knob_names=knob_names,
+        )
+    except ScriptUnreadable as error:
+        _fail(str(error), EXIT_UNREADABLE)
+    document = report_document(gathered, checkpoint_dir)
+    if as_json:
+        click.echo(printable_json(document))
+        return
+    for line in report_lines(document):
+        click.echo(line)
+
+
+def _knob_names(mappings: tuple[str, ...]) -> dict[str, Knob]:
+    names: dict[str, Knob] = {}
+    for mapping in mappings:
+        try:
+            flag, knob = parse_knob_mapping(mapping)
+        except ImporterError as error:
+            raise click.BadParameter(str(error), param_hint="--knob") from error
+        if names.get(flag, knob) is not knob:
+            raise click.BadParameter(f"{flag} mapped to two knobs", param_hint="--knob")
+        names[flag] = knob
+    return names
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"slurm-medic template analyse: {printable(message)}", err=True)
+    raise SystemExit(code)
 
 
 @template_group.command("import")
