@@ -34,6 +34,7 @@ HARDWARE = Diagnosis(
     node="gpu-03",
     step=2,
     bad_nodes=("gpu-03",),
+    probe_confirmed=True,  # the probe saw the XID: only then is a node drained
 )
 
 

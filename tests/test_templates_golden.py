@@ -53,6 +53,7 @@ def diagnosis_for(remediator: str) -> Diagnosis:
         step=0,
         phase=Phase.FORWARD,
         bad_nodes=("gpu-03",),
+        probe_confirmed=True,  # the probe saw the XID: drain_and_exclude applies
         cotenant_pids=(31337,),
         oom=OomReport(
             family=OomFamily.TORCH_ALLOCATOR,
