@@ -38,6 +38,7 @@ from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Propos
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from daemon.store.states import ProposalState
+from tests.factories import ended_job
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 DAEMON = repo.Actor.daemon()
@@ -49,29 +50,8 @@ ALICE_UID = 1001
 
 
 def _job(job_id: int, state: JobState, end: datetime) -> SlurmJob:
-    return SlurmJob(
-        job_id=job_id,
-        name=JOB_NAME,
-        user="alice",
-        uid=ALICE_UID,
-        group="alice",
-        account="research",
-        partition="gpu",
-        state=state,
-        state_raw=state.value,
-        exit_code=1 if state is JobState.FAILED else 0,
-        exit_signal=None,
-        derived_exit_code=None,
-        derived_exit_signal=None,
-        nodes=("gpu-01", "gpu-02"),
-        batch_host="gpu-01",
-        submit_time=end - timedelta(hours=2),
-        start_time=end - timedelta(hours=1),
-        end_time=end,
-        stdout_path="/home/alice/run/slurm-%j.out",
-        stderr_path=None,
-        work_dir="/home/alice/run",
-        comment=None,
+    return ended_job(
+        job_id, uid=ALICE_UID, name=JOB_NAME, state=state, end=end, nodes=("gpu-01", "gpu-02")
     )
 
 

@@ -30,13 +30,14 @@ from daemon.config import (
 )
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence
-from daemon.slurm.records import JobState, SlurmJob
+from daemon.slurm.records import SlurmJob
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import AuditEvent, Proposal
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.e2e import MEDIC, with_system_config
+from tests.factories import ended_job
 
 ALICE = pwd.getpwnam("alice")
 ALICE_GROUP = grp.getgrgid(ALICE.pw_gid).gr_name
@@ -45,29 +46,14 @@ ROOT_IDS = ProcessIds(uid=0, euid=0, gid=0, egid=0)
 
 def _bobs_job() -> SlurmJob:
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
-    return SlurmJob(
-        job_id=4242,
-        name="bob's run",
+    return ended_job(
+        4242,
         user="bob",
         uid=1002,
-        group="bob",
-        account="research",
-        partition="gpu",
-        state=JobState.FAILED,
-        state_raw="FAILED",
-        exit_code=1,
-        exit_signal=None,
-        derived_exit_code=None,
-        derived_exit_signal=None,
-        nodes=("gpu-01",),
-        batch_host="gpu-01",
-        submit_time=end - timedelta(hours=1),
-        start_time=end - timedelta(minutes=30),
-        end_time=end,
-        stdout_path="/home/bob/run.out",
-        stderr_path=None,
+        name="bob's run",
+        end=end,
         work_dir="/home/bob",
-        comment=None,
+        stdout_path="/home/bob/run.out",
     )
 
 

@@ -18,12 +18,13 @@ from daemon.cli import main
 from daemon.commands.terminal import printable, printable_document, printable_json
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport
-from daemon.slurm.records import JobState, SlurmJob
+from daemon.slurm.records import SlurmJob
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import NodeEventKind
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
+from tests.factories import ended_job
 
 # Written out here rather than taken from the module, so the test checks the module.
 SPOOFING = frozenset("\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u2060\ufeff") | frozenset(
@@ -87,29 +88,12 @@ def test_printable_document_reaches_every_string() -> None:
 
 def _job() -> SlurmJob:
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
-    return SlurmJob(
-        job_id=7001,
+    return ended_job(
+        7001,
         name=JOB_NAME,
-        user="alice",
-        uid=1001,
-        group="alice",
-        account="research",
-        partition="gpu",
-        state=JobState.FAILED,
-        state_raw="FAILED",
-        exit_code=1,
-        exit_signal=None,
-        derived_exit_code=None,
-        derived_exit_signal=None,
-        nodes=("gpu-01",),
-        batch_host="gpu-01",
-        submit_time=end - timedelta(hours=1),
-        start_time=end - timedelta(minutes=30),
-        end_time=end,
-        stdout_path="/home/alice/run.out",
-        stderr_path=None,
+        end=end,
         work_dir="/home/alice",
-        comment=None,
+        stdout_path="/home/alice/run.out",
     )
 
 
