@@ -27,7 +27,7 @@ from daemon.evidence.records import (
     RootCause,
     XidPolicy,
 )
-from daemon.evidence.units import MAX_BYTES, PIB, format_size, rounding_error
+from daemon.evidence.units import GIB, MAX_BYTES, format_size, rounding_error
 from daemon.slurm.records import JobState
 
 
@@ -106,9 +106,11 @@ class History:
 # the request, F the driver-free and U the reserved-but-unallocated bytes, F + U >= X means the
 # bytes existed. Its margin F + U - X only sets the confidence: within the printed figures'
 # rounding it may be rounding alone (low); below the request again it is thin (medium).
-# No device holds this much (the largest hold a few hundred GiB, a whole NVL72 rack 13.5 TB):
-# a request beyond it is a size bug in the program (an overflowed or mis-multiplied shape).
-ABSURD_REQUEST_BYTES = PIB
+# Beyond any device: twice the largest accelerator memory sold today (288 GB, B300 / MI355X).
+# One allocation lives on one device, so a request beyond this is a size bug in the program
+# (an overflowed or mis-multiplied shape), not memory pressure (tests/data/real/oom/146:
+# 573.65 GiB asked of a 40 GB card).
+BEYOND_ANY_DEVICE_BYTES = 512 * GIB
 # A CUDA context alone holds ~300-500 MiB; other processes holding more than this on our GPU
 # are doing real work there (a co-tenant), not leftovers.
 COTENANT_MIN_BYTES = 512 * 1024 * 1024
@@ -574,7 +576,7 @@ def _fragmentation_rule(context: _Context, oom: OomReport, reasons: list[str]) -
     requested, total = oom.requested_bytes, oom.total_bytes
     free, unallocated = oom.free_bytes, oom.reserved_unallocated_bytes
     if oom.request_beyond_any_device or (
-        requested is not None and requested > ABSURD_REQUEST_BYTES
+        requested is not None and requested > BEYOND_ANY_DEVICE_BYTES
     ):
         return _size_bug(context, oom, reasons)
     if oom.other_allocations_bytes is not None:
@@ -683,7 +685,7 @@ def _mps_watermark(context: _Context, oom: OomReport, reasons: list[str]) -> Dia
     """Apple's allocator refuses past its high watermark (`max allowed`)."""
     requested, allocated = oom.requested_bytes, oom.allocated_bytes
     other, allowed = oom.other_allocations_bytes or 0, oom.allowed_bytes
-    if other > ABSURD_REQUEST_BYTES:
+    if other > BEYOND_ANY_DEVICE_BYTES:
         reasons.append(
             f"MPS counts {format_size(other)} of other allocations, beyond any machine: its"
             " accounting is broken, not the memory"

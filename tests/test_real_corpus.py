@@ -40,9 +40,10 @@ MESSAGES = load_message_labels()
 LOGS = load_log_labels()
 # Families whose messages print the allocator figures the fragmentation rule reads.
 RULE_FAMILIES = frozenset({"torch_cuda", "torch_hip", "torch_xpu"})
-# Beyond any device that exists: a size bug in the program, not memory pressure (issue 11 s.3).
-ABSURD_REQUEST_BYTES = 2**60
 GIB = 1024**3
+# Beyond any device: a size bug in the program, not memory pressure (issue 11 s.3); the
+# product's daemon.diagnosis.BEYOND_ANY_DEVICE_BYTES (twice the largest card sold, 288 GB).
+ABSURD_REQUEST_BYTES = 512 * GIB
 
 
 def rule_kind(numbers: Numbers, expandable_segments: bool) -> RuleKind:
@@ -128,9 +129,10 @@ def test_message_kind_follows_the_rule_from_its_own_numbers(label: MessageLabel)
         assert label.kind == rule_kind(label.numbers, label.expandable_segments)
         assert f"-> {label.kind}" in label.arithmetic
     else:
-        # No driver-free or stranded figure: the rule has nothing to read.
+        # No stranded figure: the rule has nothing to read (XLA's async allocator prints the
+        # driver's free and total, 125, but no reserved-unallocated bytes).
         assert label.kind in {RuleKind.NOT_TORCH, RuleKind.NOT_OOM}
-        assert (label.numbers.free_bytes, label.numbers.reserved_unallocated_bytes) == (None, None)
+        assert label.numbers.reserved_unallocated_bytes is None
 
 
 @pytest.mark.parametrize("label", MESSAGES, ids=lambda label: label.file[:3])

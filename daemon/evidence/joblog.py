@@ -224,6 +224,11 @@ _ELASTIC_PID = re.compile(r"local_rank: [0-9]{1,7} \(pid: ([0-9]{1,10})\)")
 _CASCADE = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in CASCADES))
 _TABLE = "torchrun's failure table"
 _EXPLAINED = frozenset({"oom", "fault", "exception"})  # failures that say what went wrong
+# TorchScript re-raises an error inside a scripted function under this sentence, then prints
+# its own traceback (`~~~~ <--- HERE` markers) and the original error last
+# (torch/csrc/jit/runtime/interpreter.cpp, handleError; tests/data/real/oom/144): the wrapper
+# says no why, the error after it does.
+_WRAPPER_EXCEPTION = re.compile(r"The following operation failed in the TorchScript interpreter")
 OOM_BLOCK_LINES = 8  # lines after an OOM line of the same rank that may continue its message
 MAX_PROMPT_HOSTS = 8
 _CONTROL_CHARS = dict.fromkeys(code for code in range(32) if chr(code) not in "\t\r\x1b")
@@ -1612,7 +1617,9 @@ def _choose_root(
         certain = next((e for e in failures if _certain_host_ram(e)), None)
         if certain is not None and first.cause not in _DEVICE_CAUSES:
             return certain, None
-        if first.kind == "death" and first.cause is RootCause.OTHER_ERROR:
+        if first.cause is RootCause.OTHER_ERROR and (
+            first.kind == "death" or _WRAPPER_EXCEPTION.search(_matchable(first.text))
+        ):
             later = (e for e in failures if e.offset > first.offset and e.kind in _EXPLAINED)
             explanation = next(later, None)
             if explanation is not None and _same_process(first, explanation):

@@ -273,6 +273,28 @@ DEATH_LINES: tuple[DeathLine, ...] = (
         " (045), 2.4+ glog (002, 029), head lost (005), glued to a tqdm bar (004)",
     ),
     DeathLine(
+        "torchelastic no error file",
+        "FAILED (exitcode",
+        re.compile(
+            r"Child process (?P<pid>[0-9]{1,10}) \(local_rank (?P<local_rank>[0-9]{1,7})\)"
+            r" FAILED \(exitcode (?P<exit>-?[0-9]{1,10})\)"
+        ),
+        "torch 1.9's `CHILD PROCESS FAILED WITH NO ERROR_FILE` banner"
+        " (torch/distributed/elastic/multiprocessing/errors/__init__.py"
+        " `_no_error_file_warning_msg`: 'Child process %s (local_rank %s) FAILED (exitcode %s)');"
+        " samples 073, 074",
+    ),
+    DeathLine(
+        "srun task launch",
+        "srun: error: Task launch for",
+        re.compile(
+            r"srun: error: Task launch for [0-9]{1,12}\.[0-9a-z+]{1,16} failed on node"
+            r" (?P<host>" + _HOST + r"):"
+        ),
+        "Slurm's srun (src/srun/step_launch.c: 'Task launch for %ps failed on node %s: %s'):"
+        " the step never started there; sample 072",
+    ),
+    DeathLine(
         "deepspeed launcher",
         "exits with return code",
         re.compile(r"exits with return code = (?P<exit>-?[0-9]{1,10})"),

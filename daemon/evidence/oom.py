@@ -21,6 +21,12 @@ PyTorch wordings covered, oldest first (c10/cuda/CUDACachingAllocator.cpp):
   old wording and the new one print no free figure), and Apple's `MPS backend out of memory
   (MPS allocated: A, other allocations: O, max allowed: M). Tried to allocate X on private
   pool.` with binary `KB`/`MB`/`GB` (aten/src/ATen/mps/MPSAllocator.mm).
+- the cudaMallocAsync backend (`PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`,
+  c10/cuda/CUDAMallocAsyncAllocator.cpp): `Allocation on device N would exceed allowed memory.
+  (out of memory)` then `Currently allocated : A`, `Requested : X`, `Device limit : T`,
+  `Free (according to CUDA): F` and `PyTorch limit (set by user-supplied memory fraction) : V`,
+  one per line with the keys padded to 24 columns; real posts collapse the padding or join
+  the lines into one (tests/data/real/oom/138-141). It has no reserved-unallocated figure.
 
 Real logs and posts carry the message in other shapes (tests/data/real/oom/README.md): its
 first words lost (it starts at `Tried to allocate 20.00 MiB (GPU 0; ...`, or is only the
@@ -74,6 +80,7 @@ _TORCH_OOM = re.compile(
     r"(?:CUDA|HIP|XPU) out of memory\."
     r"|(?<!java\.lang\.)OutOfMemoryError"  # java.lang.OutOfMemoryError is the JVM's heap
     r"|MPS backend out of memory"
+    r"|Allocation on device [0-9]{1,4} would exceed allowed memory"  # cudaMallocAsync
     # the message with its first words lost: from the request on (real/oom/035), the old
     # parenthetical alone (036), or the 2.1+ capacity sentence
     r"|Tried to allocate (?:more than 1EB|" + _LOOSE_SIZE + r" \(GPU )"
@@ -107,12 +114,23 @@ _MPS_ALLOCATED = re.compile(r"MPS allocated: " + _mps_size("v"))
 _MPS_OTHER = re.compile(r"other allocations: " + _mps_size("v"))
 _MPS_ALLOWED = re.compile(r"max allowed: " + _mps_size("v"))
 _MPS_REQUESTED = re.compile(r"Tried to allocate " + _mps_size("v") + r" on (?:private|shared) pool")
+# The cudaMallocAsync backend's message (c10/cuda/CUDAMallocAsyncAllocator.cpp): each figure
+# after its key, padded with spaces to one column (collapsed to one space in real posts).
+_ASYNC = re.compile(r"would exceed allowed memory")
+_ASYNC_DEVICE = re.compile(r"Allocation on device ([0-9]{1,30}) would exceed")
+_ASYNC_ALLOCATED = re.compile(r"Currently allocated\s{0,40}: ?" + _size("v"))
+_ASYNC_REQUESTED = re.compile(r"Requested\s{0,40}: ?" + _size("v"))
+_ASYNC_LIMIT = re.compile(r"Device limit\s{0,40}: ?" + _size("v"))
+_ASYNC_FREE = re.compile(r"Free \(according to CUDA\)\s{0,40}: ?" + _size("v"))
+# The memory-fraction cap; 17179869184.00 GiB (2^64 bytes) is "no cap" and beyond MAX_BYTES.
+_ASYNC_CAP = re.compile(r"memory fraction\)\s{0,40}: ?" + _size("v"))
 # The message's last words, by era: once they are in, a following line is not its text.
 _TORCH_END = re.compile(
     r"PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\b(?!=)"  # 1.11-2.1: "... Management and PYTORCH_..."
     r"|environment-variables\)"  # 2.2+: the hint's URL
     r"|unoccupied cached memory"  # XPU's hint
     r"|HIGH_WATERMARK_RATIO"  # MPS's hint
+    r"|memory fraction\) ?: ?[0-9][0-9.]{0,40} ?(?:bytes|[KMGTPE]iB)"  # cudaMallocAsync's last
     r"|(?:cached|inactive|in total by PyTorch)\)[^\w\s]{0,3}\s*\Z"  # 1.0-1.10, no hint after
 )
 # A line that starts a record of its own, never the wrapped rest of a message.
@@ -416,6 +434,8 @@ def _torch_report(message: str, notes: list[str]) -> OomReport:
 
     if _MPS.search(message):
         return _mps_report(message, notes)
+    if _ASYNC.search(message):
+        return _async_report(message, notes)
     requested_match = _REQUESTED.search(message)
     requested = (
         None if requested_match is None else _size_of(requested_match, "requested size", notes)
@@ -480,6 +500,30 @@ def _mps_report(message: str, notes: list[str]) -> OomReport:
         allocated_bytes=_bytes(_MPS_ALLOCATED, message, "MPS allocated", notes),
         other_allocations_bytes=_bytes(_MPS_OTHER, message, "other allocations", notes),
         allowed_bytes=_bytes(_MPS_ALLOWED, message, "max allowed", notes),
+        request_beyond_any_device=requested_match is not None and _beyond(requested_match),
+        notes=tuple(notes),
+    )
+
+
+def _async_report(message: str, notes: list[str]) -> OomReport:
+    """The cudaMallocAsync backend: the driver's pool serves requests, so no reserved figure."""
+    requested_match = _ASYNC_REQUESTED.search(message)
+    requested = (
+        None if requested_match is None else _size_of(requested_match, "requested size", notes)
+    )
+    cap_match = _ASYNC_CAP.search(message)
+    cap = None
+    if cap_match is not None and not _beyond(cap_match):  # beyond: the no-cap sentinel
+        cap = _size_of(cap_match, "memory fraction limit", notes)
+    return OomReport(
+        family=OomFamily.TORCH_ALLOCATOR,
+        message=message,
+        requested_bytes=requested,
+        total_bytes=_bytes(_ASYNC_LIMIT, message, "device limit", notes),
+        free_bytes=_bytes(_ASYNC_FREE, message, "free", notes),
+        allocated_bytes=_bytes(_ASYNC_ALLOCATED, message, "currently allocated", notes),
+        gpu_index=_int(_ASYNC_DEVICE, message, MAX_GPU_INDEX, "GPU index", notes),
+        allowed_bytes=cap,
         request_beyond_any_device=requested_match is not None and _beyond(requested_match),
         notes=tuple(notes),
     )
