@@ -20,7 +20,6 @@ from daemon.diagnosis import Diagnosis, History, diagnose
 from daemon.evidence.joblog import MAX_NOTES, scan_log
 from daemon.evidence.oom import MAX_MESSAGE_CHARS, parse_oom, parse_oom_block
 from daemon.evidence.records import (
-    MAX_EXIT_CODE,
     MAX_GPU_INDEX,
     MAX_PID,
     MAX_RANK,
@@ -46,7 +45,7 @@ from daemon.evidence.units import (
     format_size,
     parse_size,
 )
-from daemon.slurm.records import JobState
+from daemon.slurm.records import MAX_EXIT_CODE, JobState
 from tests.bench.bench_hostile import (
     DIGIT_RUNS_LOG,
     HOOK_MESSAGE,

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from daemon.evidence.joblog import MAX_NOTES, _strip, scan_log
 from daemon.evidence.launchers import PREFIXES, RankKind
-from daemon.evidence.records import MAX_EXIT_CODE, MAX_RANK, LogFindings, OomFamily, RootCause
+from daemon.evidence.records import MAX_RANK, LogFindings, OomFamily, RootCause
 from daemon.evidence.xid import load_catalog
+from daemon.slurm.records import MAX_EXIT_CODE
 from tests.corpus import LOGS_DIR, LogLabel, load_log_labels
 
 LABELS = {label.file[:3]: label for label in load_log_labels()}

@@ -92,7 +92,6 @@ from daemon.evidence.oom import (
 )
 from daemon.evidence.phases import decide_phase, phase_of_frames
 from daemon.evidence.records import (
-    MAX_EXIT_CODE,
     MAX_PID,
     MAX_RANK,
     GpuFault,
@@ -103,6 +102,7 @@ from daemon.evidence.records import (
 )
 from daemon.evidence.steps import DEFAULT_STEP_PATTERNS, ProgressTracker, StepMark, find_step
 from daemon.evidence.units import bounded_int
+from daemon.slurm.records import MAX_EXIT_CODE
 
 MIB = 1024 * 1024
 DEFAULT_BLOCK_SIZE = 4 * MIB  # a window read with one pread and searched at once

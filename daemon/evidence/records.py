@@ -19,7 +19,6 @@ MAX_RANK = 2**20  # a million ranks: beyond any job, well within a 32-bit column
 MAX_STEP = 2**62  # within a signed 64-bit column with room to add to it
 MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
 MAX_GPU_INDEX = 2**10
-MAX_EXIT_CODE = 2**31 - 1  # a wait status or a negative signal number fits in 32 bits
 
 
 class OomFamily(StrEnum):
