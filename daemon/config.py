@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -40,6 +47,7 @@ from daemon.store.settings import DEFAULT_STATE_DIR, StoreSettings
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-medic/config.toml")
 CONFIG_ENV = "SLURM_MEDIC_CONFIG"
 ENV_PREFIX = "SLURM_MEDIC_"
+MAX_STEP_PATTERN_CHARS = 1024  # one format's pattern; the owner's child runs it under its CPU limit
 # sudo's record of who ran it; believed only in a process whose real uid is root, which no
 # one but root (or sudo acting for someone) can start.
 SUDO_UID_ENV = "SUDO_UID"
@@ -181,6 +189,24 @@ class Settings(BaseSettings):
     # scans it as `slurm-medic diagnose --log` does, only as far back as the root failure needs,
     # within the scanner's time limit; nothing but the findings is handed over.
     log_max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=MAX_SCAN_BYTES)
+    # The training step, for a site whose programs print it in a format the scanner does not
+    # know (HF/Lightning bars, Megatron `iteration`, DeepSpeed `step=`, Composer `[batch=`,
+    # `global_step`): a Python regex whose first group is the step. It replaces the built-in
+    # formats, as `diagnose --step-pattern` does, in every log scan the daemon makes.
+    step_pattern: str | None = Field(default=None, min_length=1, max_length=MAX_STEP_PATTERN_CHARS)
+
+    @field_validator("step_pattern")
+    @classmethod
+    def _step_pattern_captures_a_step(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            groups = re.compile(value).groups
+        except re.error as error:
+            raise ValueError(f"not a regular expression: {error}") from error
+        if groups < 1:
+            raise ValueError("needs a group that captures the step number")
+        return value
 
     @classmethod
     def settings_customise_sources(

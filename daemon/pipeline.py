@@ -98,8 +98,11 @@ class JobFiles(Protocol):
 class OwnerJobFiles:
     """The production `JobFiles`: `daemon.owner_files` reads as the owner (a child when root)."""
 
-    def __init__(self, *, drop_privileges: bool | None = None) -> None:
+    def __init__(
+        self, *, drop_privileges: bool | None = None, step_pattern: str | None = None
+    ) -> None:
         self._drop = drop_privileges
+        self._step_pattern = step_pattern  # the site's `step_pattern`: None = built-in formats
 
     def _files(self, job: SlurmJob) -> OwnerFiles:
         """22.05's sacct JSON may carry no uid: the user name then names the owner."""
@@ -116,7 +119,10 @@ class OwnerJobFiles:
         `max_bytes` from its end (in its child, under its own memory and CPU limits, when
         root): a hostile line can cost that child, not us."""
         return self._files(job).scan_log(
-            path, max_bytes=max_bytes, tree=job_tree(path, job.work_dir)
+            path,
+            max_bytes=max_bytes,
+            step_pattern=self._step_pattern,
+            tree=job_tree(path, job.work_dir),
         )
 
     def find_last_good(self, job: SlurmJob, spec: CheckpointSpec) -> CheckpointScan:

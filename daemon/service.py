@@ -860,7 +860,7 @@ def daemon_from_settings(settings: Settings) -> Iterator[Daemon]:
     daemon = Daemon(
         settings,
         backend=SlurmCli(timeout_s=settings.slurm_timeout_s),
-        files=OwnerJobFiles(),
+        files=OwnerJobFiles(step_pattern=settings.step_pattern),
         prober=prober,
     )
     try:

@@ -87,6 +87,23 @@ def test_a_store_url_of_another_database_is_refused(tmp_path: Path) -> None:
         load_settings(path)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [("step (", "not a regular expression"), (r"step \d+", "captures the step number")],
+)
+def test_a_step_pattern_must_compile_and_capture_the_step(
+    tmp_path: Path, pattern: str, why: str
+) -> None:
+    path = write(tmp_path, f"step_pattern = {json.dumps(pattern)}\n")
+    with pytest.raises(ConfigError, match=why):
+        load_settings(path)
+
+
+def test_a_step_pattern_that_captures_is_kept(tmp_path: Path) -> None:
+    path = write(tmp_path, "step_pattern = 'train\\| it (\\d+)/'\n")
+    assert load_settings(path).step_pattern == r"train\| it (\d+)/"
+
+
 def test_watch_states_parse_as_job_states(tmp_path: Path) -> None:
     path = write(tmp_path, '[watcher]\nstates = ["FAILED", "OUT_OF_MEMORY"]\n')
     assert load_settings(path).watcher.states == (JobState.FAILED, JobState.OUT_OF_MEMORY)

@@ -64,3 +64,16 @@ def test_a_symlink_to_a_file_the_owner_cannot_read_is_refused(home: Path) -> Non
     assert len(findings.notes) == 1
     assert "not read as alice" in findings.notes[0]
     assert "13.42 GiB" not in findings.notes[0]
+
+
+def test_the_sites_step_pattern_reaches_the_owners_scan(home: Path) -> None:
+    log = home / "job.out"
+    log.write_text("train| it 41/900 loss 2.1\ntrain| it 42/900 loss 2.0\n" + OOM_LINE)
+    shutil.chown(log, USER, USER)
+    job = dataclasses.replace(failed_job(9003), uid=None, stdout_path=str(log))
+    built_in = read_log_findings(job, OwnerJobFiles(), 1024 * 1024)
+    configured = read_log_findings(
+        job, OwnerJobFiles(step_pattern=r"train\| it (\d+)/"), 1024 * 1024
+    )
+    assert built_in.max_step_seen is None  # no format the scanner knows
+    assert configured.max_step_seen == 42
