@@ -456,19 +456,24 @@ class Measurement:
 def measure(
     messages: Sequence[MessageLabel] | None = None,
     logs: Sequence[LogLabel] | None = None,
+    *,
+    messages_dir: Path = MESSAGES_DIR,
+    logs_dir: Path = LOGS_DIR,
 ) -> Measurement:
-    """Run the product on every labelled sample (both corpora unless given) and compare."""
-    messages = load_message_labels() if messages is None else messages
-    logs = load_log_labels() if logs is None else logs
+    """Run the product on every labelled sample (both corpora unless given) and compare.
+
+    The directories let a held-out set kept outside the tree be measured the same way."""
+    messages = load_message_labels(messages_dir) if messages is None else messages
+    logs = load_log_labels(logs_dir) if logs is None else logs
     comparisons: list[Comparison] = []
     failures: list[tuple[str, ProductAnswer]] = []
     for message in messages:
-        answer = run_diagnose(MESSAGES_DIR / message.file)
+        answer = run_diagnose(messages_dir / message.file)
         comparisons.extend(compare_message(message, answer))
         if not answer.answered:
             failures.append((message.file, answer))
     for log in logs:
-        answer = run_diagnose(LOGS_DIR / log.file)
+        answer = run_diagnose(logs_dir / log.file)
         comparisons.extend(compare_log(log, answer))
         if not answer.answered:
             failures.append((log.file, answer))

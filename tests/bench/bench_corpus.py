@@ -1,20 +1,24 @@
 """Agreement of `slurm-medic diagnose --log F --json` with the real corpus's labels, per field.
 
-Runs the product in-process on every sample of `tests/data/real/oom` (107 OOM messages) and
-`tests/data/real/logs` (55 multi-rank log excerpts) and prints a markdown table: field,
+Runs the product in-process on every sample of `tests/data/real/oom` (146 OOM messages) and
+`tests/data/real/logs` (78 multi-rank log excerpts) and prints a markdown table: field,
 agree/total, percent. A field the label leaves out counts as agreement only when the product
 says nothing there too. `BENCH_CORPUS_DETAIL=1` adds one line per disagreement (file, field,
-label, product), e.g. `make bench BENCH=corpus BENCH_CORPUS_DETAIL=1`.
+label, product), e.g. `make bench BENCH=corpus BENCH_CORPUS_DETAIL=1`. `BENCH_CORPUS_DIR=D`
+measures another set laid out the same way (`D/oom` and `D/logs`, each with its `labels.toml`):
+a held-out set kept outside the tree.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from tests.corpus import Comparison, Measurement, measure, scores
 
 DETAIL_VARIABLE = "BENCH_CORPUS_DETAIL"
+DIRECTORY_VARIABLE = "BENCH_CORPUS_DIR"
 
 
 def table(measurement: Measurement) -> list[str]:
@@ -41,7 +45,12 @@ def disagreement(row: Comparison) -> str:
 
 def main() -> None:
     started = time.perf_counter()
-    measurement = measure()
+    other = os.environ.get(DIRECTORY_VARIABLE)
+    if other:
+        root = Path(other)
+        measurement = measure(messages_dir=root / "oom", logs_dir=root / "logs")
+    else:
+        measurement = measure()
     elapsed = time.perf_counter() - started
     print("\n".join(table(measurement)))
     print(f"\n{measurement.samples} samples in {elapsed:.2f} s")
