@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from daemon.evidence.findings import OUTSIDE_ALLOCATION
 from daemon.evidence.oom import host_ram_is_certain
 from daemon.evidence.records import (
     MAX_GPU_INDEX,
@@ -844,3 +845,14 @@ def _family_words(oom: OomReport) -> str:
 def _quote(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return f'"{text[: limit - 3]}..."' if len(text) > limit else f'"{text}"'
+
+
+def with_suspicious_text(verdict: Diagnosis, findings: LogFindings) -> Diagnosis:
+    """The verdict with the findings' notes about nodes outside the allocation as reasons,
+    so a person reading it sees that the log named one."""
+    extra = tuple(
+        note
+        for note in findings.notes
+        if note.startswith(OUTSIDE_ALLOCATION) and note not in verdict.reasons
+    )
+    return replace(verdict, reasons=verdict.reasons + extra) if extra else verdict

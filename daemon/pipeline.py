@@ -22,10 +22,10 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from daemon.checkpoints import CheckpointScan, CheckpointSpec
-from daemon.commands.diagnose import confine_to_allocation, merge_findings, with_suspicious_text
 from daemon.config import Settings
-from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
+from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose, with_suspicious_text
 from daemon.dialects.base import Dialect, KnobValue
+from daemon.evidence.findings import confine_to_allocation, merge_findings
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import Evidence, LogFindings, NodeProbe
 from daemon.owner_files import (

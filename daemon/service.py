@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from daemon import process
 from daemon.actions import ActDeps, act_on_approved
-from daemon.commands.diagnose import OUTSIDE_ALLOCATION
 from daemon.config import Settings
+from daemon.evidence.findings import OUTSIDE_ALLOCATION
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import LogFindings
 from daemon.hook import HookError, HookListener, parse_slurm_user

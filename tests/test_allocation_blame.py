@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 from daemon.cli import main
 from daemon.commands import diagnose as diagnose_command
-from daemon.commands.diagnose import OUTSIDE_ALLOCATION, confine_to_allocation
 from daemon.config import Settings
+from daemon.evidence.findings import OUTSIDE_ALLOCATION, confine_to_allocation
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.prober import NodeProber, ProbeSettings, RawProbe
 from daemon.evidence.records import LogFindings

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
-from daemon.commands.diagnose import merge_findings
+from daemon.evidence.findings import merge_findings
 from daemon.evidence.records import GpuFault, LogFindings, RootCause
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError

@@ -9,10 +9,8 @@ Exit codes:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
@@ -20,21 +18,17 @@ from rich.console import Console
 from rich.markup import escape
 
 from daemon.commands.terminal import printable
-from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose
+from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose, with_suspicious_text
+from daemon.evidence.findings import confine_to_allocation, merge_findings
 from daemon.evidence.joblog import LogReadError, scan_log
-from daemon.evidence.records import Evidence, LogFindings, RootCause
+from daemon.evidence.records import Evidence, LogFindings
 from daemon.evidence.units import format_size
 from daemon.slurm.errors import SlurmError
-from daemon.slurm.hostlist import fold_hostlist
 from daemon.slurm.records import SlurmJob
 from remediators.allocator import alloc_option
 
 EXIT_UNREADABLE = 3
 EXIT_SLURM = 4
-
-# How a note (and a reason) about a node the log names outside the job's allocation begins:
-# the log is the job owner's text, and any line of it may name any node.
-OUTSIDE_ALLOCATION = "the log names a node outside the job's allocation"
 
 _NEXT_MOVES = {
     FailureKind.HARDWARE: "Drain the node (reason prefixed `medic:`) and relaunch excluding it.",
@@ -143,82 +137,6 @@ def _fail(message: str, code: int) -> NoReturn:
 def expandable_segments_on(alloc_conf: str) -> bool:
     """Whether a PYTORCH_[CUDA_]ALLOC_CONF value turns expandable segments on."""
     return (alloc_option(alloc_conf, "expandable_segments") or "").lower() == "true"
-
-
-# A root failure that names its cause outright beats another error, which beats a collective
-# timeout (the cascade of a failure another log may hold), which beats no failure at all.
-_TELLING = {
-    RootCause.ACCELERATOR_OOM: 3,
-    RootCause.GPU_FAULT: 3,
-    RootCause.HOST_RAM: 3,
-    RootCause.OTHER_ERROR: 2,
-    RootCause.COLLECTIVE_TIMEOUT: 1,
-}
-
-
-def _how_telling(findings: LogFindings) -> tuple[bool, bool, int]:
-    telling = 0 if findings.root_cause is None else _TELLING[findings.root_cause]
-    names_itself = findings.oom is not None or telling == _TELLING[RootCause.GPU_FAULT]
-    return names_itself, findings.root_failure_line is not None, telling
-
-
-def merge_findings(findings: Sequence[LogFindings]) -> LogFindings:
-    """Several logs of one job (stdout and stderr, or one per rank): the most telling wins.
-
-    A log with an OOM report or a root cause that names itself (device memory, a GPU fault,
-    host RAM) beats one with only a failure line, which beats one with nothing; the missing
-    node and step are then filled from the others.
-    """
-    if not findings:
-        return LogFindings()
-    ranked = sorted(findings, key=_how_telling, reverse=True)
-    best = ranked[0]
-    others = ranked[1:]
-    node = best.node or next((f.node for f in others if f.node), None)
-    # Step 0 is a step (the first one): fill only a step the best log did not have at all.
-    step_from = (
-        best if best.step is not None else next((f for f in others if f.step is not None), best)
-    )
-    steps = [f.max_step_seen for f in findings if f.max_step_seen is not None]
-    return dataclasses.replace(
-        best,
-        node=node,
-        step=step_from.step,
-        step_line=step_from.step_line,
-        max_step_seen=max(steps) if steps else None,
-        notes=tuple(note for f in findings for note in f.notes),
-        job_pids=tuple(sorted({pid for f in findings for pid in f.job_pids})),
-        bytes_scanned=sum(f.bytes_scanned for f in findings),
-    )
-
-
-def confine_to_allocation(findings: LogFindings, job: SlurmJob) -> LogFindings:
-    """Only a node the job ran on may be probed or blamed: a node the log names outside the
-    job's allocation (a line any rank may print, `srun: error: gpu-09: ...`) is dropped from
-    the findings and kept as a note that says so."""
-    node = findings.node
-    allocation = allocation_nodes(job)
-    if node is None or node in allocation:
-        return findings
-    ran_on = fold_hostlist(sorted(allocation)) if allocation else "nodes Slurm did not report"
-    note = f"{OUTSIDE_ALLOCATION}: {node[:64]!a} (the job ran on {ran_on}); not probed or blamed"
-    return dataclasses.replace(findings, node=None, notes=(*findings.notes, note))
-
-
-def allocation_nodes(job: SlurmJob) -> frozenset[str]:
-    """The nodes Slurm gave the job (its node list and batch host)."""
-    return frozenset(job.nodes) | ({job.batch_host} if job.batch_host else set())
-
-
-def with_suspicious_text(verdict: Diagnosis, findings: LogFindings) -> Diagnosis:
-    """The verdict with the findings' notes about nodes outside the allocation as reasons,
-    so a person reading it sees that the log named one."""
-    extra = tuple(
-        note
-        for note in findings.notes
-        if note.startswith(OUTSIDE_ALLOCATION) and note not in verdict.reasons
-    )
-    return dataclasses.replace(verdict, reasons=verdict.reasons + extra) if extra else verdict
 
 
 def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
