@@ -33,7 +33,7 @@ from types import TracebackType
 log = logging.getLogger(__name__)
 
 MAX_DATAGRAM = 64  # a job id is at most 20 characters; anything longer is not one
-_JOB_ID = re.compile(rb"([0-9]{1,19})\n?\Z")
+_JOB_ID = re.compile(rb"([1-9][0-9]{0,18})\n?\Z")  # no leading zero: one spelling per id
 _UCRED = struct.Struct("3i")  # pid, uid, gid, as SCM_CREDENTIALS carries them
 _POLL_S = 0.25  # how often the listening thread looks at the stop flag
 # Write for the owner and the group: only root and the SlurmUser may send (execute and read

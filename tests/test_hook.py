@@ -108,6 +108,8 @@ def test_job_ids_parse_strictly() -> None:
     assert parse_job_id(b"9223372036854775808") is None  # 2**63: no Slurm job id
     assert parse_job_id(b"9223372036854775807") == 2**63 - 1
     assert parse_job_id(b" 123") is None
+    assert parse_job_id(b"0123") is None  # one spelling per id (hypothesis found b"01")
+    assert parse_job_id(b"0") is None
 
 
 @given(st.binary(max_size=80))
