@@ -2,10 +2,12 @@
 
 One cycle, in order: poll finished jobs (one sacct call from the stored cursor less the
 overlap; jobs already handled are skipped by id, so nothing is handled twice across
-restarts), handle each ended job (`pipeline`), cancel wedged runs, act on approved proposals
-(`actions`), follow relaunches (`verify`), expire stale proposals. Only the leader acts: a
-PostgreSQL advisory lock, or an flock on a file beside the SQLite database. SIGTERM lets the
-step in flight finish, then stops. systemd gets READY=1 and WATCHDOG=1 over NOTIFY_SOCKET.
+restarts; a record it cannot read goes on the record once, with its text, and is skipped),
+ask for the full records of the jobs to handle in one batch, handle each ended job
+(`pipeline`), cancel wedged runs, act on approved proposals (`actions`), follow relaunches
+(`verify`), expire stale proposals. Only the leader acts: a PostgreSQL advisory lock, or an
+flock on a file beside the SQLite database. SIGTERM lets the step in flight finish, then
+stops. systemd gets READY=1 and WATCHDOG=1 over NOTIFY_SOCKET.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,8 +50,8 @@ from daemon.pipeline import (
     read_log_findings,
 )
 from daemon.slurm.backend import CommandRunner, SlurmBackend
-from daemon.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
-from daemon.slurm.records import JobState, SlurmJob
+from daemon.slurm.errors import SlurmError
+from daemon.slurm.records import JobState, QueuedJob, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_engine, make_session_factory
@@ -64,8 +66,8 @@ CURSOR = "finished_jobs"
 MAX_JOB_FAILURES = 3
 # A first submission's intent older than this is not looked for again (bounds each cycle).
 FIRST_SUBMISSION_HORIZON = timedelta(days=1)
-# JSON, not `--format=%i|%k`: a comment may hold a newline, and with it a forged line.
-SQUEUE_JSON_ARGV = ("squeue", "--json", "--all", "--states=all")
+# How long before its intent a submission is looked for in accounting (clocks differ).
+TOKEN_LOOKBACK = timedelta(minutes=5)
 SCONTROL_CONFIG_ARGV = ("scontrol", "show", "config")
 # The account slurmctld runs as in Debian's and SchedMD's packages: the hook's sender when
 # `scontrol show config` cannot say.
@@ -83,49 +85,6 @@ ACCOUNTED_STATES = tuple(
 ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
 
 
-@dataclass(frozen=True)
-class QueuedJob:
-    """A job slurmctld holds (live, or ended less than MinJobAge ago), with its owner."""
-
-    job_id: int
-    user: str
-    comment: str
-
-
-def parse_queue_json(text: str) -> tuple[QueuedJob, ...]:
-    """`squeue --json` as jobs with owner and comment; array tasks and records without a
-    plain job id or owner are skipped (a relaunch is never an array task). 22.05 prints
-    plain numbers, 23.11+ may wrap them as `{"set": true, "number": N}`."""
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise SlurmParseError(f"not JSON: {error}", source="squeue --json") from error
-    raw_jobs = data.get("jobs") if isinstance(data, dict) else None
-    if not isinstance(raw_jobs, list):
-        raise SlurmParseError("no jobs list", source="squeue --json")
-    jobs = []
-    for raw in raw_jobs:
-        if not isinstance(raw, dict):
-            continue
-        job_id = _json_number(raw.get("job_id"))
-        user = raw.get("user_name")
-        comment = raw.get("comment")
-        if _json_number(raw.get("array_task_id")) is not None or job_id is None:
-            continue
-        if not isinstance(user, str) or not user:
-            continue
-        jobs.append(QueuedJob(job_id, user, comment if isinstance(comment, str) else ""))
-    return tuple(jobs)
-
-
-def _json_number(value: object) -> int | None:
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        return None
-    return value
-
-
 def carries_token(comment: str | None, token: str) -> bool:
     """The token is one whole field of the comment (fields split on white space), never a
     part of a longer word: `xmedic-ab` or `medic-abc` does not carry `medic-ab`."""
@@ -139,6 +98,46 @@ class TokenSearch:
 
     found: int | None
     foreign: tuple[tuple[int, str], ...] = ()
+
+
+class CommentLookup:
+    """Job comments as Slurm shows them, asked at most once per reconciliation however many
+    intents it closes: slurmctld's queue (one squeue) and, only when the queue lacks an
+    owner's job, accounting since the earliest intent (one sacct)."""
+
+    def __init__(self, backend: SlurmBackend, *, since: datetime, until: datetime) -> None:
+        self._backend = backend
+        self._since = since
+        self._until = until
+        self._queued: tuple[QueuedJob, ...] | None = None
+        self._accounted: tuple[SlurmJob, ...] | None = None
+
+    def search(self, token: str, owner: str | None) -> TokenSearch:
+        """The owner's job whose comment carries the token. Slurm 22.05 accounting stores a
+        job's comment only when the job ends, so a live relaunch is found in slurmctld's
+        queue (which also keeps ended jobs for MinJobAge), an older one in accounting.
+
+        Comments are visible to every user (squeue), so anyone may copy a token into a job of
+        their own: only a job of the lineage's owner counts (no owner known, none does)."""
+        if self._queued is None:
+            self._queued = self._backend.queued_jobs()
+        carrying = [
+            (job.job_id, job.user) for job in self._queued if carries_token(job.comment, token)
+        ]
+        if not any(user == owner for _job_id, user in carrying):
+            if self._accounted is None:
+                self._accounted = self._backend.finished_jobs(
+                    self._since, self._until, states=ACCOUNTED_STATES
+                )
+            carrying += [
+                (job.job_id, job.user)
+                for job in self._accounted
+                if carries_token(job.comment, token)
+            ]
+        carrying = list(dict.fromkeys(carrying))
+        found = next((job_id for job_id, user in carrying if user == owner), None)
+        foreign = tuple((job_id, user) for job_id, user in carrying if user != owner)
+        return TokenSearch(found, foreign)
 
 
 # ------------------------------------------------------------------------------ logging
@@ -291,6 +290,7 @@ class CycleReport:
 
     leader: bool = False
     polled: int = 0
+    rejected: int = 0  # unreadable records of the poll's window put on the record this cycle
     handled: list[Any] = field(default_factory=list)
     acted: list[Any] = field(default_factory=list)
     followed: list[Any] = field(default_factory=list)
@@ -343,10 +343,17 @@ class Daemon:
         else acts on it."""
         closed: list[tuple[int, int | None]] = []
         settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
-        for intent in repo.pending_intents(session):
-            since = intent.recorded_at - timedelta(minutes=5)
+        intents = repo.pending_intents(session)
+        if not intents:
+            return closed
+        comments = CommentLookup(
+            self.backend,
+            since=min(intent.recorded_at for intent in intents) - TOKEN_LOOKBACK,
+            until=self.clock(),
+        )
+        for intent in intents:
             owner = _relaunch_owner(session, intent.proposal_id)
-            search = self._job_with_token(intent.token, since, owner)
+            search = comments.search(intent.token, owner)
             _note_foreign(session, search, subject=("proposal", intent.proposal_id), owner=owner)
             found = search.found
             if found is None and self.clock() - intent.recorded_at < settle:
@@ -360,40 +367,6 @@ class Daemon:
                 extra={"fields": {"action": intent.action_id, "job": found}},
             )
         return closed
-
-    def _job_with_token(self, token: str, since: datetime, owner: str | None) -> TokenSearch:
-        """The owner's job whose comment carries the token. Slurm 22.05 accounting stores a
-        job's comment only when the job ends, so a live relaunch is found in slurmctld's
-        queue (which also keeps ended jobs for MinJobAge), an older one in accounting.
-
-        Comments are visible to every user (squeue), so anyone may copy a token into a job of
-        their own: only a job of the lineage's owner counts (no owner known, none does)."""
-        carrying = [
-            (job.job_id, job.user)
-            for job in self.queued_jobs()
-            if carries_token(job.comment, token)
-        ]
-        if not any(user == owner for _job_id, user in carrying):
-            jobs = self.backend.finished_jobs(since, self.clock(), states=ACCOUNTED_STATES)
-            carrying += [
-                (job.job_id, job.user) for job in jobs if carries_token(job.comment, token)
-            ]
-        carrying = list(dict.fromkeys(carrying))
-        found = next((job_id for job_id, user in carrying if user == owner), None)
-        foreign = tuple((job_id, user) for job_id, user in carrying if user != owner)
-        return TokenSearch(found, foreign)
-
-    def queued_jobs(self) -> tuple[QueuedJob, ...]:
-        """Every job slurmctld holds, with its owner and comment (one squeue call)."""
-        result = self.run_command(list(SQUEUE_JSON_ARGV), timeout=self.settings.slurm_timeout_s)
-        if not result.ok:
-            raise SlurmCommandError(
-                "squeue failed",
-                argv=SQUEUE_JSON_ARGV,
-                returncode=result.returncode,
-                stderr=result.stderr,
-            )
-        return parse_queue_json(result.stdout)
 
     def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
         proposal = session.get(Proposal, intent.proposal_id)
@@ -471,13 +444,24 @@ class Daemon:
         by its token so the run is followed; declare it never submitted once settled."""
         closed: list[tuple[int, int | None]] = []
         settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
-        recent = self.clock() - FIRST_SUBMISSION_HORIZON
-        for intent in records.open_lineage_intents(session, since=recent):
-            if self.clock() - intent.at < settle:
-                continue  # the CLI may still be between sbatch and its own record
+        now = self.clock()
+        settled = [
+            intent
+            for intent in records.open_lineage_intents(
+                session, since=now - FIRST_SUBMISSION_HORIZON
+            )
+            # a younger one: the CLI may still be between sbatch and its own record
+            if now - intent.at >= settle
+        ]
+        if not settled:
+            return closed
+        comments = CommentLookup(
+            self.backend, since=min(intent.at for intent in settled) - TOKEN_LOOKBACK, until=now
+        )
+        for intent in settled:
             lineage = session.get(Lineage, intent.lineage_id)
             owner = lineage.owner if lineage is not None else None
-            search = self._job_with_token(intent.token, intent.at - timedelta(minutes=5), owner)
+            search = comments.search(intent.token, owner)
             _note_foreign(session, search, subject=("lineage", intent.lineage_id), owner=owner)
             found = search.found
             records.close_lineage_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
@@ -498,26 +482,44 @@ class Daemon:
             cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
         )
         since = start - timedelta(seconds=watcher.overlap_s)
-        jobs = self.backend.finished_jobs(since, now, states=watcher.states)
+        window = self.backend.finished_window(since, now, states=watcher.states)
+        jobs = window.jobs
         report.polled = len(jobs)
+        # Unreadable records are skipped, never waited for (they would hold the cursor for
+        # ever): each goes on the record once, with its text, and the window moves on.
+        report.rejected = records.record_rejected_records(
+            session, rejected=window.rejected, actor=DAEMON, window=(since, now)
+        )
+        session.commit()
         handled = records.handled_job_ids(session, slurm_job_ids=[job.job_id for job in jobs])
         lineage_jobs = records.lineage_job_ids(session, active_only=False)
         managed = self.settings.managed
+        to_handle = [
+            job
+            for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id))
+            if job.job_id not in handled
+        ]
+        wanted = {
+            job.job_id: job
+            for job in to_handle
+            if job.job_id in lineage_jobs
+            or managed.matches(account=job.account, partition=job.partition, user=job.user)
+        }
+        full_records = self._full_records(list(wanted.values()))
         deps = PipelineDeps(self.settings, self.prober, self.files)
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         hold_cursor: datetime | None = None
-        for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id)):
-            if job.job_id in handled:
-                continue
+        for job in to_handle:
             if self.stopping.is_set():
                 end = job.end_time or now
                 hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
                 continue
-            if job.job_id not in lineage_jobs and not managed.matches(
-                account=job.account, partition=job.partition, user=job.user
-            ):
+            if job.job_id not in wanted:
                 continue
-            if not self._handle_one(session, job, deps=deps, report=report, now=now, wait=wait):
+            complete = self._complete_record(job, full_records)
+            if not self._handle_one(
+                session, job, complete, deps=deps, report=report, now=now, wait=wait
+            ):
                 end = job.end_time or now
                 hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
         new_cursor = now if hold_cursor is None else min(now, hold_cursor)
@@ -528,20 +530,21 @@ class Daemon:
         self,
         session: Session,
         job: SlurmJob,
+        complete: SlurmJob | None,
         *,
         deps: PipelineDeps,
         report: CycleReport,
         now: datetime,
         wait: timedelta,
     ) -> bool:
-        """Handle one job in its own transaction; False: try it again next cycle.
+        """Handle one job (`complete`: its full record, None while accounting has only a
+        placeholder) in its own transaction; False: try it again next cycle.
 
         A job whose handling keeps failing is recorded as such after MAX_JOB_FAILURES tries,
         so one bad record cannot hold every later job's cursor back forever.
         """
         self.heartbeat = time.monotonic()
         try:
-            complete = self._complete_record(job)
             if complete is None:
                 if not incomplete_record_expired(job, now, wait):
                     return False
@@ -571,14 +574,24 @@ class Daemon:
             log.info("handled job", extra={"fields": dict(vars(result))})
         return True
 
-    def _complete_record(self, job: SlurmJob) -> SlurmJob | None:
-        """The full record (exit codes, std paths) for a job worth handling; None: wait."""
+    def _full_records(self, jobs: Sequence[SlurmJob]) -> dict[int, SlurmJob]:
+        """The full records (exit codes, std paths) of the jobs worth handling, asked for all
+        of them at once; where Slurm cannot say, each job keeps its window's record."""
+        ids = [job.job_id for job in jobs if job.accounting_complete]
+        if not ids:
+            return {}
+        try:
+            return {full.job_id: full for full in self.backend.jobs(ids)}
+        except SlurmError as error:
+            log.warning("the full records of %d job(s) could not be read: %s", len(ids), error)
+            return {}
+
+    @staticmethod
+    def _complete_record(job: SlurmJob, full_records: Mapping[int, SlurmJob]) -> SlurmJob | None:
+        """The record to handle the job by; None: accounting has only a placeholder, wait."""
         if not job.accounting_complete:
             return None
-        try:
-            full = self.backend.job(job.job_id)
-        except SlurmError:
-            return job
+        full = full_records.get(job.job_id, job)
         return full if full.accounting_complete else None
 
     def _step_wedged(self, session: Session, report: CycleReport) -> None:
@@ -590,10 +603,12 @@ class Daemon:
         if not lineage_jobs:
             return
         now = self.clock()
-        running = [job for job in self.backend.running_jobs() if job.job_id in lineage_jobs]
-        for job in running:
-            full = self.backend.job(job.job_id)
-            findings = read_log_findings(full, self.files, wedge.log_tail_bytes)
+        running = [job.job_id for job in self.backend.running_jobs() if job.job_id in lineage_jobs]
+        if not running:
+            return
+        # Full records (std paths) of every running lineage job at once; one gone is skipped.
+        for job in self.backend.jobs(running):
+            findings = read_log_findings(job, self.files, wedge.log_tail_bytes)
             if not root_failure_seen(findings):
                 self._wedge_seen.pop(job.job_id, None)
                 continue

@@ -18,8 +18,8 @@ from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence
 from daemon.pipeline import DAEMON, lineage_template, patch_to_json
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
-from daemon.slurm.errors import SubmissionError
-from daemon.slurm.records import JobState, SlurmJob, SlurmNode
+from daemon.slurm.errors import JobNotFound, SubmissionError
+from daemon.slurm.records import JobState, JobWindow, QueuedJob, SlurmJob, SlurmNode
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import Action, Lineage, NodeEvent, TemplateRevision
@@ -51,11 +51,29 @@ class FakeSlurm:
     ) -> tuple[SlurmJob, ...]:
         return ()
 
+    def finished_window(
+        self, since: datetime, until: datetime, states: Iterable[JobState] = ()
+    ) -> JobWindow:
+        return JobWindow(self.finished_jobs(since, until, states))
+
     def running_jobs(self, *, users: Iterable[str] = ()) -> tuple[SlurmJob, ...]:
         return ()
 
     def job(self, job_id: int | str) -> SlurmJob:
         raise AssertionError("not asked for in these tests")
+
+    def jobs(self, job_ids: Iterable[int]) -> tuple[SlurmJob, ...]:
+        """`job` for each id, as SlurmCli's batch answers: an unknown id is left out."""
+        found = []
+        for job_id in job_ids:
+            try:
+                found.append(self.job(job_id))
+            except JobNotFound:
+                continue
+        return tuple(found)
+
+    def queued_jobs(self) -> tuple[QueuedJob, ...]:
+        return ()
 
     def submit(
         self,

@@ -18,13 +18,13 @@ from daemon.config import Settings
 from daemon.service import (
     JsonFormatter,
     LeaderLock,
-    QueuedJob,
     carries_token,
-    parse_queue_json,
     sd_notify,
     watchdog_window_s,
 )
 from daemon.slurm.errors import SlurmParseError
+from daemon.slurm.records import QueuedJob
+from daemon.slurm.squeue import parse_queue_json
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.postgres import PostgresServer

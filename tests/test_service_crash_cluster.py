@@ -74,7 +74,9 @@ def jobs_with(daemon: Daemon, token: str) -> list[int]:
     """Jobs carrying `token`: slurmctld's queue (live and recently ended) and accounting."""
     now = datetime.now(UTC)
     ended = SlurmCli().finished_jobs(now - timedelta(minutes=10), now, states=ACCOUNTED_STATES)
-    found = {job.job_id for job in daemon.queued_jobs() if carries_token(job.comment, token)}
+    found = {
+        job.job_id for job in daemon.backend.queued_jobs() if carries_token(job.comment, token)
+    }
     found |= {job.job_id for job in ended if carries_token(job.comment, token)}
     return sorted(found)
 

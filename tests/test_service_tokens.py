@@ -16,9 +16,9 @@ from sqlalchemy import Engine, select
 from daemon.config import Settings
 from daemon.pipeline import DAEMON, handle_ended_job
 from daemon.process import CommandResult
-from daemon.service import VERB_FOREIGN_TOKEN, Daemon, QueuedJob, carries_token
+from daemon.service import VERB_FOREIGN_TOKEN, Daemon, carries_token
 from daemon.slurm.backend import SlurmCli
-from daemon.slurm.records import JobState, SlurmJob
+from daemon.slurm.records import JobState, QueuedJob, SlurmJob
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import AuditEvent, Lineage, Proposal
@@ -63,16 +63,23 @@ class QueueSeam:
 
 
 class AccountingSlurm(FakeSlurm):
-    """Accounting holds `ended` (jobs whose comment 22.05 stored once they ended)."""
+    """Accounting holds `ended` (jobs whose comment 22.05 stored once they ended); slurmctld's
+    queue is what `queue` answers, read by the real squeue parser."""
 
-    def __init__(self, ended: Iterable[SlurmJob] = ()) -> None:
+    def __init__(self, ended: Iterable[SlurmJob] = (), queue: QueueSeam | None = None) -> None:
         super().__init__()
         self.ended = tuple(ended)
+        self.queue = queue or QueueSeam()
+        self.accounting_calls = 0
 
     def finished_jobs(
         self, since: datetime, until: datetime, states: Iterable[JobState] = ()
     ) -> tuple[SlurmJob, ...]:
+        self.accounting_calls += 1
         return self.ended
+
+    def queued_jobs(self) -> tuple[QueuedJob, ...]:
+        return SlurmCli(runner=self.queue).queued_jobs()
 
 
 def queued(job_id: int, user: str, comment: str) -> dict[str, object]:
@@ -101,16 +108,12 @@ def relaunch_intent(engine: Engine) -> repo.SubmitIntent:
 
 
 def reconcile(
-    engine: Engine, seam: QueueSeam, slurm: FakeSlurm, *, after: timedelta = SETTLED
+    engine: Engine, seam: QueueSeam, slurm: AccountingSlurm, *, after: timedelta = SETTLED
 ) -> list[tuple[int, int | None]]:
     now = datetime.now(UTC) + after
+    slurm.queue = seam
     daemon = Daemon(
-        settings_for(engine),
-        backend=slurm,
-        files=deps({}).files,
-        engine=engine,
-        clock=lambda: now,
-        run_command=seam,
+        settings_for(engine), backend=slurm, files=deps({}).files, engine=engine, clock=lambda: now
     )
     with daemon.sessions() as session:
         closed = daemon.reconcile(session)
@@ -207,11 +210,10 @@ def reconcile_first(engine: Engine, seam: QueueSeam) -> list[tuple[int, int | No
     now = datetime.now(UTC) + SETTLED
     daemon = Daemon(
         settings_for(engine),
-        backend=AccountingSlurm(),
+        backend=AccountingSlurm(queue=seam),
         files=deps({}).files,
         engine=engine,
         clock=lambda: now,
-        run_command=seam,
     )
     with daemon.sessions() as session:
         return daemon.reconcile_first_submissions(session)
@@ -257,9 +259,32 @@ def test_a_comment_forging_a_queue_line_stays_inside_its_own_job(tmp_path: Path)
             extra_args=["--output=/dev/null"],
         )
         try:
-            mentioning = [job for job in daemon.queued_jobs() if token in job.comment]
+            mentioning = [job for job in daemon.backend.queued_jobs() if token in job.comment]
         finally:
             SlurmCli().cancel(job_id)
             engine.dispose()
     assert mentioning == [QueuedJob(job_id, "bob", forged)]  # one job, bob's, comment whole
     assert not carries_token(forged, token)
+
+
+def test_one_reconciliation_asks_the_queue_and_accounting_once_for_every_intent(
+    fresh_engine: Engine,
+) -> None:
+    """Before: one squeue (and one sacct) per intent; now one of each per reconciliation."""
+    intents = [first_submission_intent(fresh_engine) for _ in range(3)]
+    seam = QueueSeam([queued(9700, "alice", intents[0][1])])
+    slurm = AccountingSlurm(queue=seam)
+    now = datetime.now(UTC) + SETTLED
+    daemon = Daemon(
+        settings_for(fresh_engine),
+        backend=slurm,
+        files=deps({}).files,
+        engine=fresh_engine,
+        clock=lambda: now,
+    )
+    with daemon.sessions() as session:
+        closed = daemon.reconcile_first_submissions(session)
+    assert sorted(closed) == sorted(
+        [(intents[0][0], 9700), (intents[1][0], None), (intents[2][0], None)]
+    )
+    assert (seam.calls, slurm.accounting_calls) == (1, 1)

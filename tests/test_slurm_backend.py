@@ -26,7 +26,8 @@ from daemon.slurm.errors import (
     SlurmUnavailable,
     SubmissionError,
 )
-from daemon.slurm.records import JobState, PathSource
+from daemon.slurm.records import RAW_CHARS, JobState, PathSource, QueuedJob, printable
+from daemon.slurm.sacct import parse_sacct_json
 
 REAL = Path(__file__).parent / "data" / "slurm" / "dbv0.0.38"
 Answer = Callable[[tuple[str, ...]], CommandResult]
@@ -334,3 +335,57 @@ def test_a_poll_keeps_the_readable_jobs_and_logs_the_one_it_left_out(
 def test_a_job_whose_record_cannot_be_read_is_a_parse_error_not_an_unknown_job() -> None:
     with pytest.raises(SlurmParseError, match=r"time\.end"):
         _cli(FakeSeam([_ok(_array_with_an_unreadable_task())])).job(16)
+
+
+def test_jobs_asks_for_many_ids_in_one_sacct_call_and_one_parsable2_call() -> None:
+    """The poll's batch: the real array document answers for 15 and 16, 99 is unknown."""
+    seam = FakeSeam(
+        [
+            _ok(_text("array.json")),
+            _ok(_text("array.parsable2")),
+            _fail(1, "slurm_load_jobs error: Invalid job id specified"),
+            _fail(1, "slurm_load_jobs error: Invalid job id specified"),
+        ]
+    )
+    jobs = _cli(seam).jobs([16, 15, 99, 16])
+    assert [job.display_id for job in jobs] == ["9_1", "9_0"]
+    assert [job.exit_code for job in jobs] == [3, 0]  # from --parsable2: the JSON hides them
+    assert seam.calls[0][1:] == ("--json", "--jobs", "16,15,99")
+    assert seam.calls[1][1] == "--parsable2"
+    # only the FAILED task: a COMPLETED one's JSON exit code is believed
+    assert seam.calls[1][-2:] == ("--jobs", "16")
+    assert [call[:5] for call in seam.calls[2:]] == [
+        ("scontrol", "--oneliner", "show", "job", "16"),
+        ("scontrol", "--oneliner", "show", "job", "15"),
+    ]
+
+
+def test_jobs_of_an_unreadable_record_leaves_it_out_and_asks_nothing_for_none() -> None:
+    seam = FakeSeam([_ok(_array_with_an_unreadable_task())])
+    assert _cli(seam).jobs([16]) == ()
+    assert len(seam.calls) == 1
+    assert _cli(seam).jobs([]) == ()
+    assert len(seam.calls) == 1
+
+
+def test_a_window_of_only_unreadable_records_is_an_answer_with_their_text() -> None:
+    document = json.loads(_text("failed.json"))
+    document["jobs"][0]["time"]["end"] = 10**19
+    seam = FakeSeam([_ok(json.dumps(document))])
+    window = _cli(seam).finished_window(*WINDOW)
+    assert window.jobs == ()
+    (rejected,) = window.rejected
+    assert rejected.record_id == "5"
+    whole = json.dumps(document["jobs"][0])
+    assert (rejected.raw, rejected.raw_chars) == (printable(whole), len(whole))
+    assert len(rejected.raw) == RAW_CHARS < len(whole)
+    with pytest.raises(SlurmParseError, match="no job could be read"):
+        parse_sacct_json(json.dumps(document))  # the parser alone still says so
+
+
+def test_the_queue_is_read_through_the_seam_with_retries() -> None:
+    down = "squeue: error: Unable to contact slurm controller (connect failure)"
+    queue = {"jobs": [{"job_id": 41, "user_name": "alice", "comment": "medic-0a1b"}]}
+    seam = FakeSeam([_fail(1, down), _ok(json.dumps(queue))])
+    assert _cli(seam).queued_jobs() == (QueuedJob(41, "alice", "medic-0a1b"),)
+    assert seam.calls == [("squeue", "--json", "--all", "--states=all")] * 2

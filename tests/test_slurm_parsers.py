@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import expand_hostlist, fold_hostlist
-from daemon.slurm.records import JobState, NodeBaseState, PathSource, SlurmJob
+from daemon.slurm.records import JobState, NodeBaseState, PathSource, SlurmJob, printable
 from daemon.slurm.sacct import (
     PARSABLE_DELIMITER,
     PARSABLE_FIELDS,
@@ -589,3 +589,24 @@ def test_bad_parsable2_values_are_parse_errors(field: str, value: str, message: 
     fields[PARSABLE_FIELDS.index(field)] = value
     with pytest.raises(SlurmParseError, match=message):
         parse_sacct_parsable(PARSABLE_DELIMITER.join(fields), local_tz=UTC)
+
+
+def test_a_rejected_parsable_job_keeps_its_rows_as_printable_text() -> None:
+    """Job 5's rows, its exit code mangled: rejected with every row of it, delimiters and
+    newlines escaped, so that the text on the record is one printable line that restores."""
+    rows = _text(REAL / "failed.parsable2").replace(
+        f"{PARSABLE_DELIMITER}1:0", f"{PARSABLE_DELIMITER}x", 1
+    )
+    others = _text(REAL / "timeout.parsable2")
+    report = parse_sacct_parsable(rows + others, nothing_read_is_error=False)
+    assert [job.job_id for job in report.jobs] == [7]
+    (rejected,) = report.rejected
+    assert (rejected.record_id, rejected.raw_chars) == ("5", len(rows) - 1)
+    assert rejected.raw.isprintable()
+    assert rejected.raw.encode().decode("unicode_escape") == rows[:-1]
+    assert "\\x1f" in rejected.raw
+
+
+def test_printable_escapes_what_a_terminal_would_act_on_and_caps_the_length() -> None:
+    assert printable("a\tb\x1b[2J\u2028\\") == "a\\tb\\x1b[2J\\u2028\\\\"
+    assert printable("\n" * 10, limit=5) == "\\n\\n\\"

@@ -31,7 +31,9 @@ from daemon.slurm.errors import (
 from daemon.slurm.records import (
     MEDIC_REASON_PREFIX,
     JobState,
+    JobWindow,
     PathSource,
+    QueuedJob,
     RejectedRecord,
     SlurmJob,
     SlurmNode,
@@ -43,6 +45,7 @@ from daemon.slurm.sacct import (
     parse_sacct_json,
     parse_sacct_parsable,
     sacct_job_argv,
+    sacct_jobs_argv,
     sacct_window_argv,
     validate_job_id,
 )
@@ -62,6 +65,7 @@ from daemon.slurm.scontrol import (
     show_node_argv,
     validate_reason,
 )
+from daemon.slurm.squeue import QUEUE_JSON_ARGV, parse_queue_json
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,8 @@ _UNAVAILABLE = re.compile(
 _NO_JSON = re.compile(r"unrecognized option '--json'|invalid option", re.IGNORECASE)
 _UNKNOWN_JOB = re.compile(r"Invalid job id specified", re.IGNORECASE)
 _UNKNOWN_NODE = re.compile(r"Node .* not found|Invalid node name", re.IGNORECASE)
+# Job ids per `sacct --jobs` call: a short argv, and a poll's usual handful in one call.
+JOBS_PER_CALL = 100
 
 
 class CommandRunner(Protocol):
@@ -111,9 +117,17 @@ class SlurmBackend(Protocol):
         self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
     ) -> tuple[SlurmJob, ...]: ...
 
+    def finished_window(
+        self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
+    ) -> JobWindow: ...
+
     def running_jobs(self, *, users: Iterable[str] = ()) -> tuple[SlurmJob, ...]: ...
 
     def job(self, job_id: int | str) -> SlurmJob: ...
+
+    def jobs(self, job_ids: Iterable[int]) -> tuple[SlurmJob, ...]: ...
+
+    def queued_jobs(self) -> tuple[QueuedJob, ...]: ...
 
     def submit(
         self,
@@ -180,6 +194,13 @@ class SlurmCli:
         self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
     ) -> tuple[SlurmJob, ...]:
         """Every job that ended in `states` inside the window: one sacct call, steps included."""
+        return self.finished_window(since, until, states).jobs
+
+    def finished_window(
+        self, since: datetime, until: datetime, states: Iterable[JobState] = FINISHED_STATES
+    ) -> JobWindow:
+        """`finished_jobs` with the records the parser could not read, each with its text: a
+        window holding only unreadable records is that, not an error, so a poll moves on."""
         wanted = frozenset(states)
         report = self._sacct(
             lambda json_output: sacct_window_argv(
@@ -190,7 +211,7 @@ class SlurmCli:
                 local_tz=self._local_tz,
             )
         )
-        return tuple(job for job in report.jobs if job.state in wanted)
+        return JobWindow(tuple(job for job in report.jobs if job.state in wanted), report.rejected)
 
     def running_jobs(self, *, users: Iterable[str] = ()) -> tuple[SlurmJob, ...]:
         """Jobs running now (optionally only these users'), from one sacct call."""
@@ -212,26 +233,58 @@ class SlurmCli:
         """One job from accounting, with std paths from slurmctld where accounting lacks them."""
         text_id = validate_job_id(job_id)
         report = self._sacct(lambda json_output: sacct_job_argv(text_id, json_output=json_output))
-        found = [job for job in report.jobs if text_id in {str(job.job_id), job.display_id}]
+        found = _asked_for(report, [text_id])
         unreadable = [record for record in report.rejected if record.record_id == text_id]
         if not found and unreadable:
             record = unreadable[0]
             raise SlurmParseError(record.reason, source=record.source, excerpt=record.excerpt)
         if not found:
             raise JobNotFound(f"accounting has no job {text_id}")
-        job = found[0]
-        if report.dialect is JsonDialect.DBV0_0_38 and job.exit_code is None:
-            job = self._with_parsable_exit_codes(job, text_id)
-        if job.std_paths_source is not PathSource.UNKNOWN:
-            return job
-        return self._with_controller_paths(job)
+        return self._completed(found, report.dialect)[0]
 
-    def _with_parsable_exit_codes(self, job: SlurmJob, text_id: str) -> SlurmJob:
-        """22.05's JSON hides plain exit codes; its --parsable2 has them (one more call)."""
-        argv = sacct_job_argv(text_id, json_output=False)
-        report = parse_sacct_parsable(self._call(argv).stdout, local_tz=self._local_tz)
-        same = [other for other in report.jobs if other.job_id == job.job_id]
-        return fill_exit_codes(job, same[0]) if same else job
+    def jobs(self, job_ids: Iterable[int]) -> tuple[SlurmJob, ...]:
+        """Each of these jobs that accounting can read, completed as `job` completes one, in
+        one sacct call per JOBS_PER_CALL ids (and one --parsable2 call beside it on 22.05);
+        an id accounting does not know, or whose record it cannot read, is left out."""
+        text_ids = list(dict.fromkeys(validate_job_id(job_id) for job_id in job_ids))
+        found: list[SlurmJob] = []
+        for start in range(0, len(text_ids), JOBS_PER_CALL):
+            chunk = text_ids[start : start + JOBS_PER_CALL]
+            report = self._sacct_jobs(chunk)
+            found += self._completed(_asked_for(report, chunk), report.dialect)
+        return tuple(found)
+
+    def _sacct_jobs(self, text_ids: Sequence[str]) -> SacctReport:
+        return self._sacct(lambda json_output: sacct_jobs_argv(text_ids, json_output=json_output))
+
+    def _completed(
+        self, jobs: Sequence[tuple[str, SlurmJob]], dialect: JsonDialect | None
+    ) -> list[SlurmJob]:
+        """Fill what the release's accounting lacks: exit codes (22.05's JSON, one call for
+        every job) and std paths (slurmctld, one call per job: `scontrol show job` takes one
+        id, and its text for many jobs could be forged by a job name holding a newline)."""
+        lacking = [text_id for text_id, job in jobs if job.exit_code is None]
+        fallback: dict[int, SlurmJob] = {}
+        if dialect is JsonDialect.DBV0_0_38 and lacking:
+            argv = sacct_jobs_argv(lacking, json_output=False)
+            report = parse_sacct_parsable(
+                self._call(argv).stdout, local_tz=self._local_tz, nothing_read_is_error=False
+            )
+            _log_rejected(report.rejected)
+            fallback = {other.job_id: other for other in reversed(report.jobs)}
+        completed = []
+        for _text_id, job in jobs:
+            other = fallback.get(job.job_id)
+            filled = fill_exit_codes(job, other) if job.exit_code is None and other else job
+            if filled.std_paths_source is PathSource.UNKNOWN:
+                filled = self._with_controller_paths(filled)
+            completed.append(filled)
+        return completed
+
+    def queued_jobs(self) -> tuple[QueuedJob, ...]:
+        """Every job slurmctld holds, with its owner and comment (one squeue call): where a
+        live job is found by the token in its comment."""
+        return parse_queue_json(self._call(list(QUEUE_JSON_ARGV)).stdout)
 
     def _with_controller_paths(self, job: SlurmJob) -> SlurmJob:
         """22.05 accounting does not store std paths; slurmctld has them until MinJobAge."""
@@ -396,10 +449,15 @@ class SlurmCli:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _sacct(self, build: Callable[[bool], list[str]]) -> SacctReport:
-        """`--json` where the release has it, else the `--parsable2` fallback (remembered)."""
+        """`--json` where the release has it, else the `--parsable2` fallback (remembered).
+
+        Unreadable records are logged and given to the caller, never an error on their own
+        (even when no record could be read): the caller says what an absent job means."""
         if self._json:
             try:
-                report = parse_sacct_json(self._call(build(True)).stdout)
+                report = parse_sacct_json(
+                    self._call(build(True)).stdout, nothing_read_is_error=False
+                )
             except SlurmCommandError as error:
                 if not _NO_JSON.search(error.stderr):
                     raise
@@ -407,7 +465,9 @@ class SlurmCli:
             else:
                 _log_rejected(report.rejected)
                 return report
-        report = parse_sacct_parsable(self._call(build(False)).stdout, local_tz=self._local_tz)
+        report = parse_sacct_parsable(
+            self._call(build(False)).stdout, local_tz=self._local_tz, nothing_read_is_error=False
+        )
         _log_rejected(report.rejected)
         return report
 
@@ -439,6 +499,15 @@ class SlurmCli:
         raise SlurmUnavailable(
             "Slurm did not answer", argv=argv, attempts=self._attempts, last_error=last_error
         )
+
+
+def _asked_for(report: SacctReport, text_ids: Sequence[str]) -> list[tuple[str, SlurmJob]]:
+    """The first job of the answer each id names (its own id, or `123_4` / `123+1`)."""
+    by_id: dict[str, SlurmJob] = {}
+    for job in report.jobs:
+        by_id.setdefault(str(job.job_id), job)
+        by_id.setdefault(job.display_id, job)
+    return [(text_id, by_id[text_id]) for text_id in text_ids if text_id in by_id]
 
 
 def _log_rejected(rejected: Iterable[RejectedRecord]) -> None:

@@ -22,6 +22,9 @@ MAX_SIGNAL = 255
 # Epoch seconds a record may hold: after 1970 (Slurm's 0 means "not yet") and a day short of
 # datetime's year 9999, so that any time zone's conversion of it stays in range.
 MAX_EPOCH_SECONDS = 253_402_128_000  # 9999-12-30T00:00:00Z
+# How much of an unreadable record's own text is kept: enough to see what Slurm printed, and a
+# hostile record of megabytes still becomes a few kilobytes on the record.
+RAW_CHARS = 4096
 
 
 class JobState(StrEnum):
@@ -156,10 +159,39 @@ class RejectedRecord:
     reason: str
     excerpt: str  # the record's raw text, cut as SlurmParseError cuts it
     record_id: str | None = None  # the job id or node name, when that much could be read
+    raw: str = ""  # the record's whole text as `printable` keeps it (at most RAW_CHARS)
+    raw_chars: int = 0  # the length of that text before it was cut
 
     @classmethod
-    def of(cls, error: SlurmParseError, record_id: str | None = None) -> RejectedRecord:
-        return cls(error.source, error.reason, error.excerpt, record_id)
+    def of(
+        cls, error: SlurmParseError, record_id: str | None = None, raw: str = ""
+    ) -> RejectedRecord:
+        return cls(error.source, error.reason, error.excerpt, record_id, printable(raw), len(raw))
+
+
+def printable(text: str, limit: int = RAW_CHARS) -> str:
+    """`text` as printable ASCII, at most `limit` characters: Python's unicode_escape writes a
+    newline as `\\n`, a delimiter as `\\x1f`, a backslash as `\\\\`, so nothing Slurm printed
+    (or a user put in a name) can break a log line or a terminal, and the text can be restored."""
+    return text[:limit].encode("unicode_escape")[:limit].decode("ascii")
+
+
+@dataclass(frozen=True)
+class JobWindow:
+    """The jobs one accounting query returned, and the records in it that could not be read:
+    a caller that moves a cursor past the window knows (and can record) what it skips."""
+
+    jobs: tuple[SlurmJob, ...]
+    rejected: tuple[RejectedRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job slurmctld holds (live, or ended less than MinJobAge ago), with its owner."""
+
+    job_id: int
+    user: str
+    comment: str
 
 
 class NodeBaseState(StrEnum):

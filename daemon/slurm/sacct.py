@@ -122,7 +122,15 @@ def sacct_window_argv(
 
 def sacct_job_argv(job_id: int | str, *, json_output: bool = True) -> list[str]:
     """One job (with its steps and, for an array id, its tasks)."""
-    return ["sacct", *_output_options(json_output), "--jobs", validate_job_id(job_id)]
+    return sacct_jobs_argv([job_id], json_output=json_output)
+
+
+def sacct_jobs_argv(job_ids: Sequence[int | str], *, json_output: bool = True) -> list[str]:
+    """Several jobs in one call (`--jobs 12,13,9_1`), each as `sacct_job_argv` would ask it."""
+    if not job_ids:
+        raise ValueError("no job ids to ask for")
+    ids = ",".join(validate_job_id(job_id) for job_id in job_ids)
+    return ["sacct", *_output_options(json_output), "--jobs", ids]
 
 
 _JOB_ID = re.compile(r"[0-9]{1,10}(?:[_+][0-9]{1,10})?")
@@ -151,12 +159,13 @@ def _output_options(json_output: bool) -> list[str]:
 # JSON
 
 
-def parse_sacct_json(text: str) -> SacctReport:
+def parse_sacct_json(text: str, *, nothing_read_is_error: bool = True) -> SacctReport:
     """Read `sacct --json` of any supported release into typed jobs (steps nested).
 
     A job that cannot be read (a step, a number or a hostlist in it) is rejected alone, with
-    the reason, and the others are read as if it were not there. SlurmParseError is the only
-    error: for a document that is not sacct's, or one whose jobs are all unreadable.
+    the reason and its text, and the others are read as if it were not there. SlurmParseError
+    is the only error: for a document that is not sacct's, or (unless `nothing_read_is_error`
+    is False, as for a poll that records what it rejects) one whose jobs are all unreadable.
     """
     if len(text) > MAX_JSON_BYTES:
         raise SlurmParseError(
@@ -176,11 +185,13 @@ def parse_sacct_json(text: str) -> SacctReport:
         try:
             jobs.append(_json_job(raw, dialect))
         except SlurmParseError as error:
+            raw_text = _json_text(raw)
             reason = SlurmParseError(
-                f"job #{index}: {_detail(error)}", source=source, excerpt=_json_excerpt(raw)
+                f"job #{index}: {_detail(error)}", source=source, excerpt=raw_text
             )
-            rejected.append(RejectedRecord.of(reason, _json_job_id(raw)))
-    _raise_if_nothing_read(jobs, rejected, source)
+            rejected.append(RejectedRecord.of(reason, _json_job_id(raw), raw_text))
+    if nothing_read_is_error:
+        _raise_if_nothing_read(jobs, rejected, source)
     return SacctReport(
         jobs=tuple(jobs), dialect=dialect, slurm_release=release, rejected=tuple(rejected)
     )
@@ -214,9 +225,10 @@ def _detail(error: SlurmParseError) -> str:
     return error.reason if error.source.startswith("sacct") else str(error)
 
 
-def _json_excerpt(raw: Any) -> str:
+def _json_text(raw: Any) -> str:
+    """A rejected job's own JSON, written again (the document's bytes are not kept apart)."""
     try:
-        return json.dumps(raw)[:EXCERPT_CHARS]
+        return json.dumps(raw)
     except (TypeError, ValueError, RecursionError):
         return ""
 
@@ -556,12 +568,15 @@ class _Row:
     error: SlurmParseError | None = None
 
 
-def parse_sacct_parsable(text: str, *, local_tz: tzinfo | None = None) -> SacctReport:
+def parse_sacct_parsable(
+    text: str, *, local_tz: tzinfo | None = None, nothing_read_is_error: bool = True
+) -> SacctReport:
     """Read `sacct --parsable2 --delimiter=\\x1f --format=PARSABLE_FIELDS` (22.05 or older).
 
     A name or comment with a newline splits a row across lines; rows are joined back until
     they hold every field. Steps (`123.batch`) are nested into their job. A job whose row
-    or any of whose step rows cannot be read is rejected alone, as in `parse_sacct_json`.
+    or any of whose step rows cannot be read is rejected alone, as in `parse_sacct_json`
+    (whose `nothing_read_is_error` this takes too).
     """
     if len(text) > MAX_JSON_BYTES:
         raise SlurmParseError(
@@ -574,7 +589,7 @@ def parse_sacct_parsable(text: str, *, local_tz: tzinfo | None = None) -> SacctR
     for row in _parsable_rows(text):
         if row.job_key is None:
             assert row.error is not None
-            rejected.append(RejectedRecord.of(row.error))
+            rejected.append(RejectedRecord.of(row.error, raw=row.text))
             continue
         if not row.is_step:
             order.append(row.job_key)
@@ -588,8 +603,10 @@ def parse_sacct_parsable(text: str, *, local_tz: tzinfo | None = None) -> SacctR
             reason = SlurmParseError(
                 f"job {key}: {_detail(error)}", source=_PARSABLE, excerpt=excerpt
             )
-            rejected.append(RejectedRecord.of(reason, key))
-    _raise_if_nothing_read(jobs, rejected, _PARSABLE)
+            raw = "\n".join(row.text for row in groups[key])
+            rejected.append(RejectedRecord.of(reason, key, raw))
+    if nothing_read_is_error:
+        _raise_if_nothing_read(jobs, rejected, _PARSABLE)
     return SacctReport(jobs=tuple(jobs), dialect=None, slurm_release=None, rejected=tuple(rejected))
 
 

@@ -2,12 +2,14 @@
 which lineage and revision, which jobs were already handled, what was done in the last hour.
 
 Kept as audit events and existing columns, so the schema is unchanged: a submission is an
-audit event on the job (`lineage_submit`), a handled job one more (`job_handled`). Both are
+audit event on the job (`lineage_submit`), a handled job one more (`job_handled`), a record of
+the poll's window that could not be read one more (`slurm_record_rejected`). All are
 append-only, which is what a record of "this happened" should be.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from daemon.slurm.records import RejectedRecord, printable
 from daemon.store.models import (
     Action,
     ActionKind,
@@ -32,6 +35,9 @@ from daemon.store.repository import Actor, append_audit
 
 VERB_SUBMIT = "lineage_submit"
 VERB_HANDLED = "job_handled"
+VERB_REJECTED = "slurm_record_rejected"
+# The subject of a rejected record whose job id could not be read: a digest of its text.
+SUBJECT_UNREADABLE = "slurm_record"
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,59 @@ def mark_job_handled(
         details={"outcome": outcome, **details},
     )
     session.flush()
+
+
+def record_rejected_records(
+    session: Session,
+    *,
+    rejected: Iterable[RejectedRecord],
+    actor: Actor,
+    window: tuple[datetime, datetime],
+) -> int:
+    """Put each record a poll could not read on the record, once: on its job when the id was
+    readable, else on a digest of its text, so the overlap of the next window (which reads
+    it again) adds nothing. The new events' count (flushes, no commit).
+
+    Find them with `SELECT * FROM audit_event WHERE verb = 'slurm_record_rejected'`.
+    """
+    added = 0
+    for record in rejected:
+        subject_type, subject_id = _rejected_subject(record)
+        known = session.scalars(
+            select(AuditEvent.id)
+            .where(
+                AuditEvent.verb == VERB_REJECTED,
+                AuditEvent.subject_type == subject_type,
+                AuditEvent.subject_id == subject_id,
+            )
+            .limit(1)
+        ).one_or_none()
+        if known is not None:
+            continue
+        append_audit(
+            session,
+            actor=actor,
+            verb=VERB_REJECTED,
+            subject_type=subject_type,
+            subject_id=subject_id,
+            details={
+                "source": record.source,
+                "reason": record.reason,
+                "raw": record.raw or printable(record.excerpt),
+                "raw_chars": record.raw_chars,
+                "window": [window[0].isoformat(), window[1].isoformat()],
+            },
+        )
+        session.flush()
+        added += 1
+    return added
+
+
+def _rejected_subject(record: RejectedRecord) -> tuple[str, str]:
+    if record.record_id is not None:
+        return "job", record.record_id
+    text = f"{record.source}\n{record.raw or record.excerpt}"
+    return SUBJECT_UNREADABLE, hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def relaunches_since(session: Session, *, since: datetime, owner: str | None = None) -> int:
