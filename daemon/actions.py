@@ -23,11 +23,13 @@ from sqlalchemy.orm import Session
 from daemon.checkpoints import Checkpoint
 from daemon.config import Settings
 from daemon.dialects.base import Knobs, Role
+from daemon.effects import perform
+from daemon.imported import check_rendered
 from daemon.owner_files import OwnerReadRefused
 from daemon.pipeline import DAEMON, JobFiles, OwnerJobFiles, lineage_template, patch_from_json
 from daemon.policy import ProposalFacts, RecentActivity, gate
 from daemon.slurm.backend import SlurmBackend
-from daemon.slurm.errors import OperationRefused, SlurmError, SubmissionError
+from daemon.slurm.errors import SlurmError, SubmissionError
 from daemon.slurm.records import SlurmJob
 from daemon.slurm.sbatch import SubmitRequest, sbatch_argv
 from daemon.store import repository as repo
@@ -101,6 +103,8 @@ def lever_problems(template: LaunchTemplate, before: Knobs, after: Knobs, script
     later in the script; each new launch argument must appear as the word the dialect
     renders. An empty list means the lever reached the script.
     """
+    if template.imported is not None:  # the script is the user's: read the change back
+        return check_rendered(template.dialect, template.imported, after, script)
     problems: list[str] = []
     lines = script.splitlines()
     for key, value in _new_pairs(template, before, after):
@@ -343,31 +347,17 @@ def _drain(
     if any(event.node == node for event in repo.drains_in_force(session)):
         return
     reason = f"medic: incident {incident.id} ({incident.kind}) job {incident.slurm_job_id}"
-    action = repo.record_action(
+    done = perform(
         session,
         kind=ActionKind.DRAIN,
         argv=["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
         actor=DAEMON,
+        run=lambda: deps.backend.drain(node, reason),
         node=node,
         proposal_id=proposal.id,
     )
-    session.commit()
-    try:
-        deps.backend.drain(node, reason)
-    except (OperationRefused, SlurmError) as error:
-        repo.finish_action(
-            session,
-            action_id=action.id,
-            exit_code=None,
-            stdout="",
-            stderr=str(error),
-            succeeded=False,
-        )
-        session.commit()
+    if not done.succeeded:
         return
-    repo.finish_action(
-        session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
-    )
     repo.record_node_event(
         session,
         node=node,
@@ -375,7 +365,7 @@ def _drain(
         by_medic=True,
         reason=reason,
         incident_id=incident.id,
-        action_id=action.id,
+        action_id=done.action.id,
     )
     session.commit()
 

@@ -485,6 +485,8 @@ def _read_template(directory: str, *, as_owner: bool) -> dict[str, str]:
         raw = _read_file(root, script, "script")
         if b"\0" in raw:
             raise _Refuse(RefusalKind.UNUSABLE, f"{script_path} is not a script (binary)")
+        if document.get("imported") is True:  # the user's own script, kept byte for byte
+            return {"toml": toml_text, "script": raw.decode("utf-8", "surrogateescape")}
         return {"toml": toml_text, "script": _decode(raw, script_path)}
 
 

@@ -270,7 +270,7 @@ def _why_skip(
     remediation = remediator.propose(diagnosis, template)
     patch = remediation.patch
     try:
-        knobs_after = patch.apply(template.dialect, template.knobs)
+        knobs_after = patch.apply(template.dialect, template.knobs, template.not_managed)
     except TemplateError as error:
         return f"its patch does not apply: {error}"
     if knobs_after in dead_configs:

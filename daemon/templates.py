@@ -1,9 +1,11 @@
 """Launch templates: typed knobs, sandboxed rendering, and revisions made by typed patches.
 
 A template is a directory holding `template.toml` (name, dialect, knobs, env, sbatch options,
-free variables, checkpoint layout) and a Jinja2 sbatch script. The directory is the user's: the
-daemon reads it as its owner through `daemon.owner_files` (regular files inside the directory,
-1 MB each at most), the CLI as the caller, through the same walk.
+free variables, checkpoint layout) and a Jinja2 sbatch script, or, for a template imported from
+an existing script (`imported = true`), that script verbatim: its knobs are read from it, and a
+render splices changed values where the script writes them (`daemon.imported`). The directory
+is the user's: the daemon reads it as its owner through `daemon.owner_files` (regular files
+inside the directory, 1 MB each at most), the CLI as the caller, through the same walk.
 
 Rendering runs in a sandbox with undefined names as errors, and a finalizer that refuses any
 string not proven shell-safe: a job name or a path reaches the script only through the `sh`
@@ -13,7 +15,7 @@ to a whitelist of constructs, checked on the parsed tree before anything runs: o
 `defined`/`none` tests, `if`/`elif`/`else`, comparisons, `and`/`or`/`not` and a short `~`.
 Loops, macros, call blocks, include/import/extends, `set`, arithmetic and function calls are
 refused with the line that holds them. A whitelist rather than budgets: the shipped templates
-(and imported ones) use nothing else, and without loops, calls or arithmetic the work and the
+use nothing else, and without loops, calls or arithmetic the work and the
 output of a render are linear in the source and the (capped) values, so nothing is left to
 time out; the output cap and the deadline stay as a second line. Every failure, whatever Python
 raises inside Jinja, is a `TemplateError`.
@@ -37,6 +39,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from jinja2 import StrictUndefined, Template, Undefined, nodes
 from jinja2 import TemplateError as JinjaTemplateError
@@ -45,6 +48,19 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointSpec
 from daemon.dialects import get_dialect
 from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue, Role
+from daemon.imported import (
+    CHECKPOINT_KEY,
+    ELSEWHERE_TABLE,
+    IMPORTED_KEY,
+    KNOB_NAMES_TABLE,
+    ImportedScript,
+    SpliceError,
+    checkpoint_of,
+    invariant_terms,
+    read_imported,
+    splice,
+)
+from daemon.importer import ImporterError, Knob
 from daemon.owner_files import (
     MAX_TEMPLATE_FILE_BYTES,
     TEMPLATE_FILE,
@@ -52,8 +68,6 @@ from daemon.owner_files import (
     OwnerReadRefused,
     TemplateTexts,
 )
-from daemon.slurm.errors import SlurmParseError
-from daemon.slurm.hostlist import expand_hostlist
 
 REVISIONS_DIR = "revisions"
 _MAX_SCRIPT_BYTES = MAX_TEMPLATE_FILE_BYTES
@@ -76,6 +90,7 @@ _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%/+\[\]-]{1,1024}\Z")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 # sbatch options the knobs own: a template may not set them directly.
 _KNOB_OWNED_OPTIONS = frozenset({"nodes", "gres", "gpus-per-node", "exclude"})
+_EVERY_KNOB_MANAGED: Mapping[str, str] = MappingProxyType({})
 
 
 class TemplateError(ValueError):
@@ -254,7 +269,13 @@ VarValue = str | tuple[str, ...]
 
 @dataclass(frozen=True)
 class LaunchTemplate:
-    """A loaded template: its dialect, its current knobs and everything rendering needs."""
+    """A loaded template: its dialect, its current knobs and everything rendering needs.
+
+    `imported` is None for a Jinja template (every knob managed); for an imported script it
+    holds the script and which knobs are managed. A knob that is not managed keeps a
+    placeholder in `knobs` (the code that walks every knob needs a full mapping) that is never
+    rendered, shown as a value, or changed.
+    """
 
     name: str
     dialect: Dialect
@@ -265,10 +286,19 @@ class LaunchTemplate:
     config_base: Mapping[str, object] = field(default_factory=dict)
     checkpoint: CheckpointSpec | None = None
     directory: Path | None = None
+    imported: ImportedScript | None = None
+
+    @property
+    def not_managed(self) -> Mapping[str, str]:
+        """Knob -> why it is not managed; empty when every knob is."""
+        return _EVERY_KNOB_MANAGED if self.imported is None else self.imported.not_managed
 
 
-def validate_knobs(dialect: Dialect, raw: Mapping[str, object]) -> dict[str, KnobValue]:
-    """Type- and range-check every knob, fill none in silently, and check the invariant."""
+def validate_knobs(
+    dialect: Dialect, raw: Mapping[str, object], *, invariant: bool = True
+) -> dict[str, KnobValue]:
+    """Type- and range-check every knob, fill none in silently, and check the invariant
+    (unless `invariant` is False: some of its terms are not known)."""
     unknown = sorted(set(raw) - {spec.name for spec in dialect.knobs})
     if unknown:
         raise KnobError(f"dialect {dialect.name} has no knob(s) {', '.join(unknown)}")
@@ -276,8 +306,14 @@ def validate_knobs(dialect: Dialect, raw: Mapping[str, object]) -> dict[str, Kno
     if missing:
         raise KnobError(f"missing knob(s) {', '.join(missing)} for dialect {dialect.name}")
     knobs = {spec.name: spec.validate(raw[spec.name]) for spec in dialect.knobs}
-    dialect.geometry(knobs)
+    if invariant:
+        dialect.geometry(knobs)
     return knobs
+
+
+def invariant_known(dialect: Dialect, not_managed: Mapping[str, str]) -> bool:
+    """Whether every term of the batch invariant is managed, so that it can be checked."""
+    return not any(term in not_managed for term in invariant_terms(dialect))
 
 
 def parse_template(
@@ -288,6 +324,8 @@ def parse_template(
     if len(name) > MAX_NAME_CHARS:
         raise TemplateError(f"template name longer than {MAX_NAME_CHARS} characters")
     dialect = get_dialect(_required_str(document, "dialect"))
+    if document.get(IMPORTED_KEY) is True:
+        return _parse_imported(document, name, dialect, script_source, directory)
     knobs_raw = dict(_table(document, "knobs"))
     if "env" in knobs_raw:
         raise TemplateError("put environment variables in the [env] table, not under [knobs]")
@@ -317,6 +355,62 @@ def parse_template(
     return template
 
 
+def _parse_imported(
+    document: Mapping[str, object],
+    name: str,
+    dialect: Dialect,
+    script_source: str,
+    directory: Path | None,
+) -> LaunchTemplate:
+    """An imported template: the script is analysed again; the TOML adds only the owner's
+    flag mapping, knobs recorded at import as living in other files, and a checkpoint dir."""
+    extra = sorted(set(document) - _IMPORTED_KEYS)
+    if extra:
+        raise TemplateError(
+            f"template {name}: an imported template takes its knobs from its script; "
+            f"{', '.join(extra)} not allowed in template.toml"
+        )
+    try:
+        knob_names = {
+            str(flag): Knob(str(knob)) for flag, knob in _table(document, KNOB_NAMES_TABLE).items()
+        }
+        elsewhere = {
+            Knob(str(knob)): str(why) for knob, why in _table(document, ELSEWHERE_TABLE).items()
+        }
+    except ValueError as error:
+        raise TemplateError(f"template {name}: {error}") from error
+    checkpoint_dir = document.get(CHECKPOINT_KEY)
+    if checkpoint_dir is not None and (
+        not isinstance(checkpoint_dir, str) or not checkpoint_dir.startswith("/")
+    ):
+        raise TemplateError(f"template {name}: {CHECKPOINT_KEY} must be an absolute path")
+    try:
+        imported = read_imported(
+            dialect,
+            script_source,
+            file=str(document["script"]),
+            knob_names=knob_names,
+            elsewhere=elsewhere,
+            checkpoint_dir=checkpoint_dir,
+        )
+        invariant = invariant_known(dialect, imported.not_managed)
+        knobs = validate_knobs(dialect, imported.values, invariant=invariant)
+    except (SpliceError, ImporterError, KnobError) as error:
+        raise TemplateError(f"template {name}: {error}") from error
+    return LaunchTemplate(
+        name=name,
+        dialect=dialect,
+        script_source=script_source,
+        knobs=knobs,
+        checkpoint=checkpoint_of(dialect, imported),
+        directory=directory,
+        imported=imported,
+    )
+
+
+_IMPORTED_KEYS = frozenset(
+    {"name", "dialect", "script", IMPORTED_KEY, CHECKPOINT_KEY, KNOB_NAMES_TABLE, ELSEWHERE_TABLE}
+)
 TemplateReader = Callable[[str], TemplateTexts]
 
 
@@ -365,6 +459,11 @@ def render(template: LaunchTemplate, knobs: Knobs | None = None) -> str:
     """The sbatch script for these knobs (the template's own when None)."""
     values = template.knobs if knobs is None else knobs
     dialect = template.dialect
+    if template.imported is not None:
+        try:
+            return splice(dialect, template.imported, values)
+        except SpliceError as error:
+            raise TemplateError(f"template {template.name}: {error}") from error
     try:
         context = {
             "sbatch_header": _sbatch_header(template, values),
@@ -528,12 +627,19 @@ class Patch:
     changes: tuple[KnobChange, ...]
     reason: str
 
-    def apply(self, dialect: Dialect, knobs: Knobs) -> dict[str, KnobValue]:
-        """The knobs after this patch, validated, invariant checked; refuses a no-op."""
+    def apply(
+        self, dialect: Dialect, knobs: Knobs, not_managed: Mapping[str, str] = _EVERY_KNOB_MANAGED
+    ) -> dict[str, KnobValue]:
+        """The knobs after this patch, validated, invariant checked where its terms are
+        managed; refuses a no-op and any change of a knob that is not managed."""
         result = dict(knobs)
         for change in self.changes:
             if change.knob not in result:
                 raise TemplateError(f"patch names unknown knob {change.knob!r}")
+            if change.knob in not_managed:
+                raise TemplateError(
+                    f"{change.knob} is not managed in this template: {not_managed[change.knob]}"
+                )
             if result[change.knob] != change.before:
                 raise TemplateError(
                     f"patch expects {change.knob}={change.before!r} but the revision has "
@@ -543,7 +649,7 @@ class Patch:
         if result == dict(knobs):
             raise TemplateError("patch changes nothing: refusing to relaunch the same config")
         try:
-            return validate_knobs(dialect, result)
+            return validate_knobs(dialect, result, invariant=invariant_known(dialect, not_managed))
         except KnobError as error:
             raise TemplateError(f"patch breaks the template: {error}") from error
 
@@ -599,7 +705,7 @@ def apply_patch(
     template: LaunchTemplate, parent: TemplateRevision, patch: Patch
 ) -> TemplateRevision:
     """A new revision: the parent's knobs moved by the patch, rendered, diffed with the parent."""
-    knobs = patch.apply(template.dialect, parent.knobs)
+    knobs = patch.apply(template.dialect, parent.knobs, template.not_managed)
     script = render(template, knobs)
     if script == parent.script:
         raise TemplateError(
@@ -622,6 +728,11 @@ def resume_patch(template: LaunchTemplate, knobs: Knobs, checkpoint: Checkpoint)
     """The patch that makes a revision resume from `checkpoint`, written the dialect's way."""
     dialect = template.dialect
     resume_knob = dialect.roles[Role.RESUME]
+    if resume_knob in template.not_managed:
+        raise TemplateError(
+            f"cannot resume from {checkpoint.path}: {resume_knob} is not managed in this "
+            f"template: {template.not_managed[resume_knob]}"
+        )
     changes = [KnobChange(resume_knob, knobs[resume_knob], checkpoint.resume_path)]
     tag_knob = dialect.knob_for(Role.RESUME_TAG)
     if tag_knob is not None:
@@ -657,7 +768,10 @@ def knobs_to_json(knobs: Knobs) -> dict[str, object]:
 
 
 def knobs_from_json(dialect: Dialect, data: Mapping[str, object]) -> dict[str, KnobValue]:
-    return validate_knobs(dialect, data)
+    """Stored knobs read back: types and ranges checked again. The invariant was checked
+    where it could be when the revision was made (an imported template may not know all its
+    terms, whose placeholders need not satisfy it)."""
+    return validate_knobs(dialect, data, invariant=False)
 
 
 def revision_to_json(revision: TemplateRevision) -> dict[str, object]:
@@ -771,63 +885,7 @@ class RevisionDir:
         return leaves[0]
 
 
-# ---------------------------------------------------------------- writing templates
-
-
-def toml_value(value: object) -> str:
-    """A TOML literal for the simple values templates hold (JSON strings are TOML strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=True)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, Mapping):
-        return (
-            "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-        )
-    raise TemplateError(f"cannot write {type(value).__name__} to TOML")
-
-
-def template_toml(
-    *,
-    name: str,
-    dialect: str,
-    script: str,
-    knobs: Knobs,
-    sbatch: Sequence[tuple[str, str]],
-    variables: Sequence[tuple[str, VarValue]],
-    config_base: Mapping[str, object],
-    checkpoint: CheckpointSpec | None,
-) -> str:
-    """The text of a `template.toml` holding these values."""
-    lines = [f"name = {toml_value(name)}", f"dialect = {toml_value(dialect)}"]
-    lines += [f"script = {toml_value(script)}", "", "[knobs]"]
-    lines += [
-        f"{key} = {toml_value(value)}"
-        for key, value in knobs_to_json(knobs).items()
-        if key != "env"
-    ]
-    lines += ["", "[env]"]
-    env = knobs.get("env", ())
-    if isinstance(env, tuple):
-        lines += [f"{pair[0]} = {toml_value(pair[1])}" for pair in env if isinstance(pair, tuple)]
-    lines += ["", "[sbatch]"]
-    lines += [f"{key} = {toml_value(value or True)}" for key, value in sbatch]
-    lines += ["", "[vars]"] + [f"{key} = {toml_value(value)}" for key, value in variables]
-    if config_base:
-        lines += ["", "[config_base]"]
-        lines += [f"{json.dumps(key)} = {toml_value(value)}" for key, value in config_base.items()]
-    if checkpoint is not None:
-        lines += ["", "[checkpoint]", f"layout = {toml_value(checkpoint.layout.value)}"]
-        lines += [f"root = {toml_value(checkpoint.root)}"]
-        if checkpoint.glob:
-            lines += [f"glob = {toml_value(checkpoint.glob)}"]
-        if checkpoint.marker:
-            lines += [f"marker = {toml_value(checkpoint.marker)}"]
-    return "\n".join(lines) + "\n"
+# ---------------------------------------------------------------- knob values typed by people
 
 
 def parse_knob_text(dialect: Dialect, knob: str, text: str) -> KnobValue:
@@ -851,456 +909,3 @@ def parse_knob_text(dialect: Dialect, knob: str, text: str) -> KnobValue:
     else:
         value = text
     return spec.validate(value)
-
-
-# ---------------------------------------------------------------- importing a script
-
-_SHORT_OPTIONS = {
-    "-N": "nodes",
-    "-J": "job-name",
-    "-t": "time",
-    "-p": "partition",
-    "-o": "output",
-    "-e": "error",
-    "-x": "exclude",
-    "-A": "account",
-    "-n": "ntasks",
-    "-c": "cpus-per-task",
-    "-G": "gpus",
-    "-q": "qos",
-}
-_GPU_COUNT = re.compile(r"^(?:gpu:)?(?:[A-Za-z0-9_.-]+:)?(\d+)$")
-_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config")
-_CHECKPOINT_FLAGS = {
-    "hf": ("--output_dir",),
-    "megatron": ("--save",),
-    "deepspeed": ("--save_dir", "--output_dir"),
-    "torchrun": (),
-}
-_CHECKPOINT_ENV = {"torchrun": ("CKPT_DIR", "CHECKPOINT_DIR")}
-_CHECKPOINT_LAYOUTS = {
-    "hf": CheckpointLayout.HF,
-    "megatron": CheckpointLayout.MEGATRON,
-    "deepspeed": CheckpointLayout.DEEPSPEED,
-    "torchrun": CheckpointLayout.DCP,
-}
-_LAUNCHERS = frozenset({"srun", "torchrun", "deepspeed", "python", "python3", "accelerate"})
-SCRIPT_FILE = "job.sbatch.j2"
-
-
-@dataclass(frozen=True)
-class Recognised:
-    """A knob read from the script, and the line it came from."""
-
-    knob: str
-    value: KnobValue
-    source: str
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    """An imported template and the account of what was recognised, defaulted and kept as is."""
-
-    template: LaunchTemplate
-    toml_text: str
-    script_source: str
-    recognised: tuple[Recognised, ...]
-    defaulted: tuple[str, ...]
-    kept: tuple[str, ...]
-    notes: tuple[str, ...]
-
-
-@dataclass
-class _Importer:
-    dialect: Dialect
-    read_file: Callable[[str], str] | None
-    knobs: dict[str, KnobValue] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    sbatch: list[tuple[str, str]] = field(default_factory=list)
-    recognised: list[Recognised] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    config_base: dict[str, object] = field(default_factory=dict)
-    checkpoint_root: str | None = None
-
-    def take(self, knob: str, value: KnobValue, source: str) -> None:
-        self.knobs[knob] = value
-        self.recognised.append(Recognised(knob, value, source))
-
-    def take_text(self, knob: str, text: str, source: str) -> bool:
-        try:
-            self.take(knob, parse_knob_text(self.dialect, knob, text), source)
-        except KnobError as error:
-            self.notes.append(f"{source}: {error}")
-            return False
-        return True
-
-
-def import_script(
-    text: str,
-    *,
-    dialect_name: str,
-    name: str,
-    read_file: Callable[[str], str] | None = None,
-) -> ImportResult:
-    """Turn an sbatch script into a template by recognising the dialect's flags and variables.
-
-    Recognised knobs are replaced by their rendered form; everything else is kept verbatim and
-    listed, so nothing the script did is silently lost. `read_file` resolves a DeepSpeed config
-    path named in the script (relative paths as the caller sees fit).
-    """
-    if "\0" in text or len(text) > _MAX_SCRIPT_BYTES:
-        raise TemplateError("not a script: binary content or over 1 MB")
-    dialect = get_dialect(dialect_name)
-    importer = _Importer(dialect, read_file)
-    lines = _logical_lines(text.replace("\r\n", "\n"))
-    header: list[str] = []
-    prelude: list[str] = []
-    epilogue: list[str] = []
-    launch: str | None = None
-    for number, line in lines:
-        stripped = line.strip()
-        where = f"line {number}"
-        if number == 1 and stripped.startswith("#!"):
-            continue
-        if stripped.startswith("#SBATCH"):
-            if not _sbatch_line(importer, stripped, where):
-                header.append(line)
-            continue
-        if (
-            launch is None
-            and stripped.startswith("export ")
-            and _export_line(importer, line, where)
-        ):
-            continue
-        if launch is None and _is_launch(importer.dialect, stripped):
-            launch = _launch_line(importer, stripped, where)
-            continue
-        (prelude if launch is None else epilogue).append(line)
-    if launch is None:
-        raise TemplateError(
-            f"no launch line with {dialect.title} flags found; flags kept in a shell variable "
-            "(e.g. $OPTIONS) are not followed: write them on the launch line"
-        )
-    for line in header + prelude + epilogue:
-        if line.strip() and not line.strip().startswith("#"):
-            importer.kept.append(f"kept verbatim: {line.strip()[:120]}")
-    defaulted = _fill_defaults(importer)
-    importer.knobs["env"] = dialect.spec("env").validate(importer.env)
-    checkpoint = None
-    if importer.checkpoint_root:
-        checkpoint = CheckpointSpec(_CHECKPOINT_LAYOUTS[dialect.name], importer.checkpoint_root)
-    else:
-        importer.notes.append("checkpoint location not recognised: add a [checkpoint] table")
-    script = _imported_script(dialect, header, prelude, launch, epilogue)
-    toml_text = template_toml(
-        name=name,
-        dialect=dialect.name,
-        script=SCRIPT_FILE,
-        knobs=importer.knobs,
-        sbatch=importer.sbatch,
-        variables=(),
-        config_base=importer.config_base,
-        checkpoint=checkpoint,
-    )
-    template = parse_template(tomllib.loads(toml_text), script)
-    return ImportResult(
-        template=template,
-        toml_text=toml_text,
-        script_source=script,
-        recognised=tuple(importer.recognised),
-        defaulted=tuple(defaulted),
-        kept=tuple(importer.kept),
-        notes=tuple(importer.notes),
-    )
-
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Lines with backslash continuations joined, each with its first physical line number."""
-    result: list[tuple[int, str]] = []
-    pending: list[str] = []
-    start = 1
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not pending:
-            start = number
-        if line.endswith("\\") and not line.lstrip().startswith("#"):
-            pending.append(line[:-1])
-            continue
-        pending.append(line)
-        result.append(
-            (start, " ".join(part.strip() if i else part for i, part in enumerate(pending)))
-        )
-        pending = []
-    if pending:
-        result.append((start, " ".join(pending)))
-    if result and result[-1][1] == "":
-        result.pop()
-    return result
-
-
-def _split(text: str) -> list[str] | None:
-    try:
-        return shlex.split(text, comments=True)
-    except ValueError:
-        return None
-
-
-def _sbatch_line(importer: _Importer, line: str, where: str) -> bool:
-    """Take a `#SBATCH` line into knobs/options; False when it must be kept verbatim."""
-    tokens = _split(line.removeprefix("#SBATCH"))
-    if not tokens or not tokens[0].startswith("-"):
-        return False
-    option, _, value = tokens[0].partition("=")
-    if not value and len(tokens) > 1:
-        value = tokens[1]
-    key = _SHORT_OPTIONS.get(option, option.removeprefix("--"))
-    if len(tokens) == 1 and not value and _SBATCH_KEY.match(key) and key not in _KNOB_OWNED_OPTIONS:
-        importer.sbatch.append((key, ""))
-        return True
-    if key == "nodes":
-        if not importer.take_text("nodes", value, f"{where}: #SBATCH {tokens[0]}"):
-            raise TemplateError(f"{where}: --nodes {value!r} must be one fixed count to be a knob")
-        return True
-    if key in {"gres", "gpus-per-node"}:
-        match = _GPU_COUNT.match(value)
-        if not match:
-            raise TemplateError(f"{where}: --{key} {value!r} is not one GPU count per node")
-        importer.take("gpus_per_node", int(match.group(1)), f"{where}: #SBATCH --{key}")
-        return True
-    if key == "exclude":
-        _exclude(importer, value, where)
-        return True
-    if _SBATCH_KEY.match(key) and value and _SBATCH_VALUE.match(value) and len(tokens) <= 2:
-        importer.sbatch.append((key, value))
-        return True
-    importer.kept.append(f"{where}: #SBATCH {key} kept verbatim (value needs quoting)")
-    return False
-
-
-def _exclude(importer: _Importer, value: str, where: str) -> None:
-    try:
-        nodes = importer.dialect.spec("exclude").validate(list(expand_hostlist(value)))
-    except (SlurmParseError, KnobError) as error:
-        raise TemplateError(f"{where}: exclude list {value!r} not understood: {error}") from error
-    importer.take("exclude", nodes, f"{where}: exclude")
-
-
-def _export_line(importer: _Importer, line: str, where: str) -> bool:
-    tokens = _split(line)
-    if not tokens or len(tokens) != 2 or "=" not in tokens[1] or any(c in line for c in "$`"):
-        return False
-    variable, _, value = tokens[1].partition("=")
-    if variable in _CHECKPOINT_ENV.get(importer.dialect.name, ()) and _SAFE_WORD.match(value):
-        importer.checkpoint_root = value
-    knob = importer.dialect.recognise_env.get(variable)
-    if knob is not None:
-        return importer.take_text(knob, value, f"{where}: export {variable}")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable) or any(ord(c) < 32 for c in value):
-        return False
-    importer.env[variable] = value
-    importer.recognised.append(Recognised("env", ((variable, value),), f"{where}: export"))
-    return True
-
-
-def _is_launch(dialect: Dialect, line: str) -> bool:
-    tokens = _split(line)
-    if not tokens:
-        return False
-    flags = {token.partition("=")[0] for token in tokens}
-    if flags & set(dialect.recognise_flags) or flags & set(_CONFIG_FLAGS):
-        return True
-    return dialect.name == "torchrun" and bool({"torchrun", "srun"} & set(tokens))
-
-
-def _raw_words(line: str) -> list[tuple[str, str]]:
-    """Shell words as written and as the shell reads them: (raw text, unquoted value).
-
-    Keeping the raw text lets an unrecognised word go back into the template exactly as the
-    user wrote it (its quotes decide whether `$VAR` expands); only the value is interpreted.
-    """
-    words: list[str] = []
-    current: list[str] = []
-    quote = ""
-    index = 0
-    while index < len(line):
-        char = line[index]
-        if quote:
-            current.append(char)
-            if char == "\\" and quote == '"' and index + 1 < len(line):
-                current.append(line[index + 1])
-                index += 1
-            elif char == quote:
-                quote = ""
-        elif char == "\\" and index + 1 < len(line):
-            current += [char, line[index + 1]]
-            index += 1
-        elif char in "'\"":
-            quote = char
-            current.append(char)
-        elif char.isspace():
-            if current:
-                words.append("".join(current))
-                current = []
-        elif char == "#" and not current:
-            break
-        else:
-            current.append(char)
-        index += 1
-    if quote:
-        raise TemplateError(f"unterminated {quote} quote in the launch line")
-    if current:
-        words.append("".join(current))
-    return [(word, "".join(shlex.split(word))) for word in words]
-
-
-def _launch_line(importer: _Importer, line: str, where: str) -> str:
-    """Recognise the launch command's knob flags; return the line that replaces it, keeping
-    every unrecognised word exactly as written."""
-    words = _raw_words(line)
-    values_only = [value for _, value in words]
-    program = next((i for i, value in enumerate(values_only) if value.endswith(".py")), None)
-    if program is None:
-        first_flag = next(
-            (i for i, value in enumerate(values_only) if value.startswith("--")), len(words)
-        )
-        program = first_flag - 1
-    head, rest = words[: program + 1], words[program + 1 :]
-    kept = [raw for raw, _ in head]
-    index = 0
-    while index < len(rest):
-        raw, value = rest[index]
-        flag, equals, inline = value.partition("=")
-        following: list[tuple[str, str]] = []
-        index += 1
-        if not equals:
-            while index < len(rest) and not rest[index][1].startswith("--"):
-                following.append(rest[index])
-                index += 1
-        values = [inline] if equals else [item for _, item in following]
-        raw_values = [item for item, _ in following]
-        if any("$" in item or "`" in item for item in ([raw] if equals else raw_values)):
-            if flag in importer.dialect.recognise_flags:
-                importer.notes.append(f"{where}: {flag}: value is a shell expansion, kept verbatim")
-            consumed = None
-        else:
-            consumed = _launch_flag(importer, flag, values, f"{where}: {flag}")
-        if consumed is None:
-            kept += [raw, *raw_values]
-        elif not equals:
-            kept += raw_values[consumed:]
-    return " ".join(kept)
-
-
-def _launch_flag(importer: _Importer, flag: str, values: list[str], source: str) -> int | None:
-    """How many of `values` the flag consumed when recognised, None to keep it verbatim."""
-    dialect = importer.dialect
-    if flag in _CHECKPOINT_FLAGS[dialect.name] and values and _SAFE_WORD.match(values[0]):
-        importer.checkpoint_root = values[0]
-        return None
-    if dialect.name == "deepspeed" and flag in _CONFIG_FLAGS and values:
-        _deepspeed_config(importer, values[0], source)
-        return 1
-    knob = dialect.recognise_flags.get(flag)
-    if knob is None:
-        return None
-    spec = dialect.spec(knob)
-    if spec.kind is KnobKind.BOOL:
-        if values and values[0].lower() in {"true", "false", "1", "0"}:
-            return 1 if importer.take_text(knob, values[0], source) else None
-        importer.take(knob, True, source)
-        return 0
-    if spec.kind is KnobKind.NAMES:
-        return len(values) if importer.take_text(knob, " ".join(values), source) else None
-    if not values:
-        importer.notes.append(f"{source}: flag without a value, kept verbatim")
-        return None
-    return 1 if importer.take_text(knob, values[0], source) else None
-
-
-def _deepspeed_config(importer: _Importer, path: str, source: str) -> None:
-    if importer.read_file is None:
-        importer.notes.append(f"{source}: config {path!r} not read (no reader given)")
-        return
-    try:
-        config = json.loads(importer.read_file(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        importer.notes.append(f"{source}: cannot read DeepSpeed config {path!r}: {error}")
-        return
-    if not isinstance(config, dict):
-        importer.notes.append(f"{source}: DeepSpeed config {path!r} is not an object")
-        return
-    where = f"{source} {path}"
-    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        value = config.pop(key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            importer.take(key, value, f"{where}: {key}")
-        elif value is not None:
-            importer.notes.append(f"{where}: {key} = {value!r} not a number ('auto'?); defaulted")
-    declared = config.pop("train_batch_size", None)
-    zero = config.get("zero_optimization")
-    if isinstance(zero, dict):
-        zero = dict(zero)
-        stage = zero.pop("stage", None)
-        if isinstance(stage, int):
-            importer.take("zero_stage", stage, f"{where}: zero_optimization.stage")
-        for key in ("offload_optimizer", "offload_param"):
-            offload = zero.pop(key, None)
-            if isinstance(offload, dict) and isinstance(offload.get("device"), str):
-                importer.take_text(key, offload["device"], f"{where}: {key}.device")
-        config["zero_optimization"] = zero
-    importer.config_base = config
-    if isinstance(declared, int):
-        importer.notes.append(
-            f"{where}: train_batch_size {declared} is now computed from micro x accum x GPUs"
-        )
-
-
-def _fill_defaults(importer: _Importer) -> list[str]:
-    dialect = importer.dialect
-    defaulted = []
-    for spec in dialect.knobs:
-        if spec.name in importer.knobs or spec.name == "env":
-            continue
-        importer.knobs[spec.name] = dialect.defaults[spec.name]
-        defaulted.append(spec.name)
-    if dialect.global_batch_fixed:
-        global_knob = dialect.roles[Role.GLOBAL_BATCH]
-        if global_knob in defaulted:
-            micro = importer.knobs[dialect.roles[Role.MICRO_BATCH]]
-            nodes, gpus = importer.knobs["nodes"], importer.knobs["gpus_per_node"]
-            if isinstance(micro, int) and isinstance(nodes, int) and isinstance(gpus, int):
-                importer.knobs[global_knob] = micro * nodes * gpus
-                importer.notes.append(f"{global_knob} not found: set to micro x GPUs (accum 1)")
-    return defaulted
-
-
-def _literal(text: str) -> str:
-    """Script text carried into a template, protected from Jinja."""
-    if not any(marker in text for marker in ("{{", "{%", "{#")):
-        return text
-    if "endraw" in text:
-        raise TemplateError("the script contains Jinja `endraw`: cannot import it safely")
-    return "{% raw %}" + text + "{% endraw %}"
-
-
-def _imported_script(
-    dialect: Dialect, header: list[str], prelude: list[str], launch: str, epilogue: list[str]
-) -> str:
-    """The template script: the user's own lines protected from Jinja, ours around them."""
-    parts = ["#!/bin/bash", "{{ sbatch_header }}", *map(_literal, header)]
-    parts += ["# Imported by slurm-medic: knobs live in template.toml.", *map(_literal, prelude)]
-    parts += ["{{ env_exports }}"]
-    if dialect.name == "deepspeed":
-        parts += [
-            'DS_CONFIG="$PWD/.ds_config.${SLURM_JOB_ID}.json"',
-            "cat > \"$DS_CONFIG\" <<'MEDIC_DS_CONFIG'",
-            "{{ config_json }}",
-            "MEDIC_DS_CONFIG",
-            _literal(launch)
-            + ' \\\n    --deepspeed_config "$DS_CONFIG"'
-            + "{% if train_args %} \\\n    {{ train_args }}{% endif %}",
-        ]
-    else:
-        parts += [_literal(launch) + "{% if train_args %} \\\n    {{ train_args }}{% endif %}"]
-    parts += map(_literal, epilogue)
-    return "\n".join(parts) + "\n"

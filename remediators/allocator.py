@@ -21,6 +21,7 @@ from remediators.base import (
     RemediationProposal,
     human_bytes,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -93,6 +94,11 @@ def env_change(template: LaunchTemplate, key: str, value: str) -> KnobChange:
     return KnobChange(env_knob, knobs[env_knob], tuple(sorted(updated.items())))
 
 
+def _env_not_managed(template: LaunchTemplate) -> Applicability | None:
+    """Every allocator lever moves the env knob: an imported script may not let it."""
+    return not_managed(template, template.dialect.knob_for(Role.ENV) or "env")
+
+
 def _async_backend(template: LaunchTemplate) -> bool:
     return current_option(template, "backend") == "cudaMallocAsync"
 
@@ -114,6 +120,8 @@ class ExpandableSegments:
     lever: Lever = Lever.ALLOCATOR
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
+        if (refused := _env_not_managed(template)) is not None:
+            return refused
         if _async_backend(template):
             return no("the job uses backend:cudaMallocAsync; expandable segments are native-only")
         if (current_option(template, "expandable_segments") or "").lower() == "true":
@@ -152,6 +160,8 @@ class MaxSplitSize:
             return no("the OOM message gave no request size to size max_split_size_mb from")
         if requested < _MIN_SPLIT_MB * MIB:
             return no(f"the failed request ({human_bytes(requested)}) is too small to matter")
+        if (refused := _env_not_managed(template)) is not None:
+            return refused
         if _async_backend(template):
             return no("the job uses backend:cudaMallocAsync; max_split_size_mb is native-only")
         if current_option(template, "max_split_size_mb") == str(max_split_mb(requested)):
@@ -183,6 +193,8 @@ class GarbageCollectionThreshold:
     lever: Lever = Lever.ALLOCATOR
 
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
+        if (refused := _env_not_managed(template)) is not None:
+            return refused
         if _async_backend(template):
             return no("the job uses backend:cudaMallocAsync; the GC threshold is native-only")
         if current_option(template, "garbage_collection_threshold") is not None:

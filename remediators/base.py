@@ -125,13 +125,27 @@ def is_unset(template: LaunchTemplate, knob: str) -> bool:
 
 def explicit_knob(template: LaunchTemplate, role: Role, what: str) -> str | Applicability:
     """The knob that plays `role`, or why a lever moving it does not apply: the dialect has no
-    `what` knob, or the script never set it (its value is then the program's default)."""
+    `what` knob, the template does not manage it (an imported script that does not write it),
+    or the script never set it (its value is then the program's default)."""
     knob = template.dialect.knob_for(role)
     if knob is None:
         return no(f"dialect {template.dialect.name} has no {what} knob")
+    refused = not_managed(template, knob)
+    if refused is not None:
+        return refused
     if is_unset(template, knob):
         return no(f"{knob} is not set in the template: its value is the program's default")
     return knob
+
+
+def not_managed(template: LaunchTemplate, *knobs: str | None) -> Applicability | None:
+    """Why a lever that reads or moves these knobs does not apply: the first of them the
+    template does not manage, in words; None when it manages them all (a lever never invents
+    the value of a setting the script does not write)."""
+    for knob in knobs:
+        if knob is not None and knob in template.not_managed:
+            return no(f"{knob} is not managed in this template: {template.not_managed[knob]}")
+    return None
 
 
 def int_knob(knobs: Knobs, name: str) -> int:

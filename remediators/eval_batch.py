@@ -20,6 +20,7 @@ from remediators.base import (
     human_bytes,
     int_knob,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -70,6 +71,8 @@ class EvalAccumulation:
         knob = template.dialect.knob_for(Role.EVAL_ACCUM)
         if knob is None:
             return no(f"dialect {template.dialect.name} has no eval accumulation knob")
+        if (refused := not_managed(template, knob)) is not None:
+            return refused
         if int_knob(template.knobs, knob) == 1:
             return no(f"{knob} is already 1 (outputs leave the GPU every step)")
         return yes("eval outputs pile up on the GPU until the end of evaluation")

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from daemon.diagnosis import Diagnosis, MidRunCause, Onset
 from daemon.dialects.base import KnobError, Role
-from daemon.templates import KnobChange, LaunchTemplate
+from daemon.imported import invariant_terms
+from daemon.templates import KnobChange, LaunchTemplate, invariant_known
 from remediators.base import (
     Applicability,
     Cost,
@@ -22,6 +23,7 @@ from remediators.base import (
     human_bytes,
     int_knob,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -56,6 +58,21 @@ def why_it_ran_out(diagnosis: Diagnosis) -> str:
     return f"ran out at the first step: the static sizing does not fit{numbers}"
 
 
+def _fixed_global_summary(template: LaunchTemplate, micro: int, factor: int) -> str:
+    """The plan in words where the data-parallel size is not known (an imported Megatron
+    script: its tensor and pipeline sizes are not managed). The global batch is a knob of its
+    own that does not move, and it was a multiple of micro x data-parallel, so it still is of
+    the smaller micro-batch: the framework derives an accumulation `factor` times larger."""
+    dialect = template.dialect
+    unknown = [t for t in invariant_terms(dialect) if t in template.not_managed]
+    global_batch = template.knobs[dialect.roles[Role.GLOBAL_BATCH]]
+    return (
+        f"micro-batch {micro} -> {micro // factor}; the global batch stays {global_batch} and "
+        f"the accumulation it implies grows {factor}x ({', '.join(unknown)} not managed here, "
+        "so the data-parallel size is not known)"
+    )
+
+
 @dataclass(frozen=True)
 class MicroBatchDown:
     name: str = "micro_batch_down"
@@ -64,13 +81,24 @@ class MicroBatchDown:
     def _plan(self, template: LaunchTemplate) -> tuple[tuple[KnobChange, ...], str] | str:
         dialect, knobs = template.dialect, template.knobs
         micro_knob = dialect.roles[Role.MICRO_BATCH]
+        accum_knob = dialect.knob_for(Role.GRAD_ACCUM)
+        # The micro-batch, what keeps the global batch, and the world it is spread over; a
+        # fixed global batch keeps itself whatever the model-parallel sizes are.
+        needed = invariant_terms(dialect)
+        if dialect.global_batch_fixed:
+            needed = (micro_knob, dialect.roles[Role.GLOBAL_BATCH])
+            needed += (dialect.roles[Role.NODES], dialect.roles[Role.GPUS_PER_NODE])
+        refused = not_managed(template, *needed)
+        if refused is not None:
+            return refused.reason
         micro = int_knob(knobs, micro_knob)
         if micro <= 1:
             return "the micro-batch is already 1"
-        before = dialect.geometry(knobs)
         factor = smallest_factor(micro)
         changes = [change(knobs, micro_knob, micro // factor)]
-        accum_knob = dialect.knob_for(Role.GRAD_ACCUM)
+        if not invariant_known(dialect, template.not_managed):
+            return tuple(changes), _fixed_global_summary(template, micro, factor)
+        before = dialect.geometry(knobs)
         if not dialect.global_batch_fixed and accum_knob is not None:
             accum = int_knob(knobs, accum_knob)
             maximum = dialect.spec(accum_knob).maximum

@@ -20,6 +20,7 @@ from remediators.base import (
     RemediationProposal,
     change,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -54,6 +55,8 @@ class ExcludeNode:
     def applies(self, diagnosis: Diagnosis, template: LaunchTemplate) -> Applicability:
         if not diagnosis.bad_nodes:
             return no("the diagnosis names no bad node")
+        if (refused := not_managed(template, template.dialect.roles[Role.EXCLUDE])) is not None:
+            return refused
         if not _new_nodes(diagnosis, template):
             return no(f"{', '.join(diagnosis.bad_nodes)} already excluded")
         return yes(f"{', '.join(diagnosis.bad_nodes)} should not run this job")

@@ -18,6 +18,7 @@ from remediators.base import (
     RemediationProposal,
     change,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -39,6 +40,8 @@ class SelectiveRecompute:
         knob = template.dialect.knob_for(Role.RECOMPUTE)
         if knob is None:
             return no(f"dialect {template.dialect.name} has no recompute knob")
+        if (refused := not_managed(template, knob)) is not None:
+            return refused
         spec = template.dialect.spec(knob)
         if spec.kind is not KnobKind.ENUM or RECOMPUTE_SELECTIVE not in spec.choices:
             return no(f"{knob} has no selective mode (only full recompute)")
@@ -72,6 +75,9 @@ class FullRecompute:
         knob = template.dialect.knob_for(Role.RECOMPUTE)
         if knob is None:
             return no(f"dialect {template.dialect.name} has no recompute knob")
+        extras = template.dialect.full_recompute_extras
+        if (refused := not_managed(template, knob, *extras)) is not None:
+            return refused
         if template.knobs[knob] in (True, RECOMPUTE_FULL):
             return no(f"{knob} is already full")
         return yes("every layer's activations can be recomputed")

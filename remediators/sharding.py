@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.dialects.base import KnobKind, Role
+from daemon.imported import invariant_terms
 from daemon.templates import LaunchTemplate
 from remediators.base import (
     Applicability,
@@ -18,6 +19,7 @@ from remediators.base import (
     change,
     int_knob,
     no,
+    not_managed,
     require,
     yes,
 )
@@ -35,6 +37,9 @@ class ShardingUp:
         knob = template.dialect.knob_for(Role.SHARDING)
         if knob is None:
             return no(f"dialect {template.dialect.name} has no optimizer-sharding knob")
+        # The data-parallel size it shards over comes from the whole batch geometry.
+        if (refused := not_managed(template, knob, *invariant_terms(template.dialect))) is not None:
+            return refused
         spec = template.dialect.spec(knob)
         value = template.knobs[knob]
         if spec.kind is KnobKind.BOOL and value is True:
@@ -85,6 +90,8 @@ class EightBitOptimizer:
         knob = template.dialect.knob_for(Role.OPTIMIZER)
         if knob is None:
             return no(f"dialect {template.dialect.name} has no optimizer knob")
+        if (refused := not_managed(template, knob)) is not None:
+            return refused
         if "8bit" in str(template.knobs[knob]):
             return no("the optimizer is already 8-bit")
         if "adamw_8bit" not in template.dialect.spec(knob).choices:

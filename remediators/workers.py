@@ -40,7 +40,12 @@ class WorkersDown:
         knob = template.dialect.roles[Role.WORKERS]
         before = int_knob(template.knobs, knob)
         after = before // 2
-        ranks = int_knob(template.knobs, template.dialect.roles[Role.GPUS_PER_NODE])
+        gpus_knob = template.dialect.roles[Role.GPUS_PER_NODE]
+        if gpus_knob in template.not_managed:  # ranks per node unknown: say it per rank
+            fewer = f"{before - after} fewer worker processes per rank"
+        else:
+            ranks = int_knob(template.knobs, gpus_knob)
+            fewer = f"{ranks * (before - after)} fewer worker processes per node"
         return RemediationProposal(
             remediator=self.name,
             lever=self.lever,
@@ -48,8 +53,7 @@ class WorkersDown:
             rationale=(
                 "Host RAM: the job was killed by the host OOM killer on "
                 f"{diagnosis.node or 'its node'} with no GPU traceback. "
-                f"{knob} {before} -> {after} per rank: "
-                f"{ranks * (before - after)} fewer worker processes per node."
+                f"{knob} {before} -> {after} per rank: {fewer}."
             ),
             expected_effect="host memory per node falls; GPU memory is untouched",
             cost=Cost((0, 20), "only if the job is input-bound"),

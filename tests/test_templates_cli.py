@@ -22,48 +22,76 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def test_import_show_set_render_diff(tmp_path: Path) -> None:
     code, output = invoke(
-        "template", "import", str(DATA / "deepspeed_zero.sbatch"),
-        "--dialect", "deepspeed", "--name", "llama", "--into", str(tmp_path),
+        "template", "import", str(DATA / "hf_run_clm.sbatch"),
+        "--dialect", "hf", "--name", "clm", "--into", str(tmp_path),
     )  # fmt: skip
     assert code == 0, output
-    assert (
-        "zero_stage = 2  (line 12: --deepspeed_config ds_config.json: zero_optimization.stage)"
-        in output
+    assert "  per_device_train_batch_size  16: written at job.sbatch:24" in output
+    assert "  optim                        not managed: slurm-medic does not read it" in output
+    assert output.rstrip().endswith(
+        "verdict: ready to manage: the global batch, micro-batch, accumulation and checkpoint "
+        "are known"
     )
-    assert "not in the script, defaulted: exclude, offload_param, load_dir, load_tag" in output
-    assert "kept verbatim: export MASTER_ADDR=$(scontrol" in output
-    directory = tmp_path / "llama"
+    directory = tmp_path / "clm"
+    assert (directory / "job.sbatch").read_bytes() == (DATA / "hf_run_clm.sbatch").read_bytes()
+
+    code, output = invoke("template", "render", str(directory))
+    assert code == 0
+    assert output == (DATA / "hf_run_clm.sbatch").read_text()
 
     code, output = invoke("template", "show", str(directory), "--json")
     assert code == 0, output
     shown = json.loads(output)
-    assert (shown["global_batch"], shown["micro"], shown["accum"]) == (64, 4, 2)
+    assert (shown["global_batch"], shown["micro"], shown["accum"]) == (512, 16, 2)
+    assert shown["knobs"]["optim"].startswith("not managed: ")
     [first] = shown["revisions"]
 
     code, output = invoke(
-        "template", "set", str(directory), "train_micro_batch_size_per_gpu=2",
+        "template", "set", str(directory), "per_device_train_batch_size=8",
         "gradient_accumulation_steps=4", "--reason", "true OOM at step 0",
     )  # fmt: skip
     assert code == 0, output
-    assert '-  "train_micro_batch_size_per_gpu": 4,' in output
-    assert '+  "train_micro_batch_size_per_gpu": 2,' in output
+    assert "-    --per_device_train_batch_size 16 \\\n" in output
+    assert "+    --per_device_train_batch_size 8 \\\n" in output
+    assert "+    --gradient_accumulation_steps 4 \\\n" in output
     second = json.loads(invoke("template", "show", str(directory), "--json")[1])["revisions"]
     child = next(revision for revision in second if revision["parent"] == first["id"])
-    assert child["patch"] == (
-        "train_micro_batch_size_per_gpu: 4 -> 2, gradient_accumulation_steps: 2 -> 4"
+    assert (
+        child["patch"]
+        == "per_device_train_batch_size: 16 -> 8, gradient_accumulation_steps: 2 -> 4"
     )
 
     code, output = invoke("template", "render", str(directory), "--rev", child["id"][:6])
     assert code == 0
-    assert '"train_batch_size": 64,' in output
+    assert "    --per_device_train_batch_size 8 \\\n" in output
 
     code, output = invoke("template", "diff", str(directory), first["id"], child["id"])
     assert code == 0
-    assert output.startswith(f"--- llama@{first['id']}\n+++ llama@{child['id']}\n")
-    assert '+  "gradient_accumulation_steps": 4,' in output
+    assert output.startswith(f"--- clm@{first['id']}\n+++ clm@{child['id']}\n")
 
     code, output = invoke("template", "show", str(directory))
-    assert "batch: global 64 = micro 4 x accum 2 x data-parallel 8" in output
+    assert "batch: global 512 = micro 16 x accum 2 x data-parallel 16" in output
+    code, output = invoke("template", "set", str(directory), "optim=sgd", "--reason", "r")
+    assert code == 1
+    assert "optim is not managed in this template: " in output
+
+
+def test_a_value_in_a_config_file_beside_the_script_is_not_managed(tmp_path: Path) -> None:
+    code, output = invoke(
+        "template", "import", str(DATA / "deepspeed_zero.sbatch"), "--json",
+        "--dialect", "deepspeed", "--name", "llama", "--into", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, output
+    document = json.loads(output)
+    knobs = {knob["knob"]: knob for knob in document["template"]["knobs"]}
+    assert knobs["gpus_per_node"]["value"] == 4
+    micro = knobs["train_micro_batch_size_per_gpu"]
+    assert micro["value"] is None
+    assert micro["not_managed"] == (
+        "not managed: set by train_micro_batch_size_per_gpu in ds_config.json, line 3 of "
+        "ds_config.json: a file that is not part of the template"
+    )
+    assert document["verdict"]["ready"] is False
 
 
 def test_cli_errors_are_clear(tmp_path: Path) -> None:
@@ -83,10 +111,12 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 2
     assert "letters, digits" in output
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes").write_text("mine")
     code, output = invoke(
         "template", "import", str(DATA / "hf_run_clm.sbatch"),
-        "--dialect", "megatron", "--name", "wrong", "--into", str(tmp_path),
+        "--dialect", "hf", "--name", "taken", "--into", str(tmp_path),
     )  # fmt: skip
     assert code == 1
-    assert "no launch line with Megatron-LM / NeMo flags" in output
-    assert not (tmp_path / "wrong").exists()
+    assert "already exists and is not empty: not overwritten" in output
+    assert sorted(path.name for path in (tmp_path / "taken").iterdir()) == ["notes"]

@@ -6,7 +6,9 @@ path), analyse again, until nothing new is wanted or the rounds run out; every f
 outcome (read, missing, refused and why), so a knob left "set at run time" by a file that was
 not there says which file. `report_document` turns the result into one JSON-ready document and
 `report_lines` prints that same document for a terminal, so `--json` and the text never say
-different things.
+different things. After `template import`, `import_document` adds the template that was
+written: each of its dialect's knobs, managed (its value and where a change is written) or not
+managed and why, and the verdict is then about what the template manages.
 
 The verdict names the four things a batch-size remediation needs: the micro-batch and the
 accumulation it trades against each other, the global batch it must keep, and the checkpoint
@@ -18,6 +20,7 @@ default.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import pwd
 import re
@@ -27,6 +30,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from daemon.commands.terminal import printable
+from daemon.dialects.base import KnobValue, Role
 from daemon.importer import (
     Analysis,
     Basis,
@@ -43,6 +47,7 @@ from daemon.importer import (
 )
 from daemon.importer.records import MAX_INPUT_CHARS
 from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused, Refusal, RefusalKind
+from daemon.templates import LaunchTemplate, invariant_known, knobs_to_json
 
 MAX_ROUNDS: Final = 6  # analyse, read what it asks for, again; the real corpus needs at most 3
 MAX_FILES: Final = 64  # files read besides the script; a real script names a handful
@@ -52,6 +57,7 @@ READY: Final = (
     "ready to manage: the global batch, micro-batch, accumulation and checkpoint are known"
 )
 ASK_CHECKPOINT: Final = "unknown: pass --checkpoint-dir"
+NOT_MANAGED: Final = "not managed"
 
 ReadFile = Callable[[str], bytes]  # an absolute path -> its bytes; raises OwnerReadRefused
 _OWNER_NAME = re.compile(r"\$(?:USER|LOGNAME)\b|\$\{(?:USER|LOGNAME)\}")
@@ -245,6 +251,84 @@ def report_document(gathered: Gathered, checkpoint_dir: str | None = None) -> di
     return cleaned
 
 
+def import_document(
+    gathered: Gathered, template: LaunchTemplate, checkpoint_dir: str | None = None
+) -> dict[str, Any]:
+    """The report after `template import`: the analysis's document, the template written,
+    and a verdict about what that template manages."""
+    document = report_document(gathered, checkpoint_dir)
+    section = template_json(template)
+    document["template"] = _without_surrogates(section)
+    document["verdict"] = _managed_verdict(template, document["checkpoint"])
+    return document
+
+
+def template_json(template: LaunchTemplate) -> dict[str, Any]:
+    """Each knob of an imported template: managed with its value and where a change goes, or
+    "not managed: <why>" (never a placeholder shown as a value)."""
+    imported = template.imported
+    knobs = []
+    for spec in template.dialect.knobs:
+        reason = template.not_managed.get(spec.name)
+        managed = imported.managed.get(spec.name) if imported is not None else None
+        line = imported.line_of(spec.name) if imported is not None else None
+        knobs.append(
+            {
+                "knob": spec.name,
+                "managed": reason is None,
+                "value": None if reason is not None else _knob_json(template.knobs[spec.name]),
+                "where": managed.where if managed is not None else None,
+                "line": _line_json(line),
+                "not_managed": None if reason is None else f"{NOT_MANAGED}: {reason}",
+            }
+        )
+    return {
+        "name": template.name,
+        "dialect": template.dialect.name,
+        "directory": str(template.directory) if template.directory else None,
+        "knobs": knobs,
+        "checkpoint": template.checkpoint.root if template.checkpoint else None,
+    }
+
+
+def _knob_json(value: KnobValue) -> Any:
+    return knobs_to_json({"value": value})["value"]
+
+
+def _managed_verdict(template: LaunchTemplate, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The verdict's four terms, each known only when the template manages it (or, for the
+    global batch and the accumulation, when the managed others fix it)."""
+    dialect, reasons = template.dialect, template.not_managed
+    micro = dialect.roles[Role.MICRO_BATCH]
+    accum, global_knob = dialect.knob_for(Role.GRAD_ACCUM), dialect.knob_for(Role.GLOBAL_BATCH)
+    terms: dict[str, dict[str, str]] = {"micro_batch": _managed_term(micro, reasons)}
+    if global_knob is not None:
+        terms["global_batch"] = _managed_term(global_knob, reasons)
+        if global_knob in reasons:
+            terms["grad_accum"] = _term("missing", _UNDETERMINED_ACCUM)
+        else:
+            terms["grad_accum"] = _term("implied", _IMPLIED_ACCUM)
+    elif accum is not None:
+        terms["grad_accum"] = _managed_term(accum, reasons)
+        known = invariant_known(dialect, reasons)
+        terms["global_batch"] = (
+            _term("implied", _IMPLIED_GLOBAL) if known else _term("missing", _UNDETERMINED_GLOBAL)
+        )
+    if template.checkpoint is None:
+        terms["checkpoint_dir"] = _term("missing", ASK_CHECKPOINT)
+    else:
+        state = "given" if checkpoint["state"] == "given" else "managed"
+        terms["checkpoint_dir"] = _term(state, template.checkpoint.root)
+    ordered = {name: terms[name] for name in _TERM_WORDS if name in terms}
+    return _verdict_of(ordered)
+
+
+def _managed_term(knob: str, reasons: Mapping[str, str]) -> dict[str, str]:
+    if knob in reasons:
+        return _term("missing", f"{NOT_MANAGED} in this template ({knob}: {reasons[knob]})")
+    return _term("managed", knob)
+
+
 DOCUMENT_KEYS: Final = """\b
   script, submit_dir       the script as given; the directory relative paths are read from
   files[]                  path, location, state (read|missing|refused|skipped), refusal, reason
@@ -260,7 +344,10 @@ DOCUMENT_KEYS: Final = """\b
   notes[]                  what the analysis could not read or found odd
   verdict                  ready, text (the one-line verdict), missing[] (knob names),
                            terms: {global_batch, micro_batch, grad_accum, checkpoint_dir} ->
-                           state (written|implied|given|missing), why
+                           state (written|implied|given|missing; after import: managed
+                           instead of written), why
+  template                 (after import) name, dialect, directory, checkpoint, knobs[]:
+                           knob, managed, value, where, line, not_managed ("not managed: why")
   a line is {file, number, text}; text that is not UTF-8 is written \\xNN"""
 
 
@@ -414,6 +501,10 @@ def _verdict(analysis: Analysis, checkpoint: dict[str, Any]) -> dict[str, Any]:
     else:
         state = "given" if checkpoint["state"] == "given" else "written"
         terms["checkpoint_dir"] = _term(state, checkpoint["reason"])
+    return _verdict_of(terms)
+
+
+def _verdict_of(terms: dict[str, dict[str, str]]) -> dict[str, Any]:
     missing = [name for name, term in terms.items() if term["state"] == "missing"]
     if not missing:
         return {"ready": True, "text": READY, "missing": [], "terms": terms}
@@ -440,6 +531,7 @@ _IMPLIED_GLOBAL = (
 )
 _IMPLIED_ACCUM = "the framework derives it from the global batch and the micro-batch"
 _UNDETERMINED_GLOBAL = "not written, nor implied by a known micro-batch and accumulation"
+_UNDETERMINED_ACCUM = "the framework derives it from a global batch that is not managed"
 
 
 def _term(state: str, why: str) -> dict[str, str]:
@@ -512,6 +604,8 @@ def report_lines(document: Mapping[str, Any]) -> list[str]:
                 out.extend(show(reading))
     out.extend(["", "Checkpoint directory", *_checkpoint_lines(document["checkpoint"])])
     out.extend(["", "Where slurm-medic would add text", *_insertion_lines(document)])
+    if "template" in document:
+        out.extend(["", *_template_lines(document["template"])])
     if document["notes"]:
         out.extend(["", "Notes", *(f"  - {_shown(note)}" for note in document["notes"])])
     verdict = document["verdict"]
@@ -520,6 +614,22 @@ def report_lines(document: Mapping[str, Any]) -> list[str]:
         out.append(f"  {_TERM_WORDS[name]}: {term['state']}: {_shown(term['why'])}")
     out.extend(["", f"verdict: {_shown(verdict['text'])}"])
     return out
+
+
+def _template_lines(section: dict[str, Any]) -> list[str]:
+    where = f" in {_shown(section['directory'])}" if section["directory"] else ""
+    lines = [f"The template {_shown(section['name'])} ({section['dialect']}){where}"]
+    width = max(len(knob["knob"]) for knob in section["knobs"])
+    for knob in section["knobs"]:
+        name = knob["knob"].ljust(width)
+        if not knob["managed"]:
+            lines.append(f"  {name}  {_shown(knob['not_managed'])}")
+            continue
+        value = json.dumps(knob["value"], ensure_ascii=False)
+        lines.append(f"  {name}  {_shown(value)}: {_shown(knob['where'])}")
+    checkpoint = section["checkpoint"]
+    lines.append(f"  checkpoints: {_shown(checkpoint) if checkpoint else ASK_CHECKPOINT}")
+    return lines
 
 
 def _files_section(files: list[dict[str, Any]]) -> list[str]:

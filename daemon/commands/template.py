@@ -1,8 +1,9 @@
 """`slurm-medic template ...`: analyse or import a script, show, render and diff revisions.
 
-A template lives in a directory (`template.toml` + the Jinja2 script); its revisions are JSON
-files under `revisions/` in that directory (see daemon.templates.RevisionDir). The directory is
-read as the caller, through the same walk and caps as the daemon's reads as an owner.
+A template lives in a directory (`template.toml` + the Jinja2 script, or, when imported, the
+user's own script verbatim); its revisions are JSON files under `revisions/` in that directory
+(see daemon.templates.RevisionDir). The directory is read as the caller, through the same walk
+and caps as the daemon's reads as an owner.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import tomllib
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,9 +19,12 @@ import click
 
 from daemon.commands.import_report import (
     DOCUMENT_KEYS,
+    NOT_MANAGED,
+    Gathered,
     ScriptUnreadable,
     caller_reader,
     gather,
+    import_document,
     read_script,
     report_document,
     report_lines,
@@ -27,21 +32,23 @@ from daemon.commands.import_report import (
 from daemon.commands.terminal import printable, printable_json
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import KnobError
+from daemon.imported import IMPORTED_SCRIPT, elsewhere_of, imported_toml, invariant_terms
 from daemon.importer import ImporterError, Knob, parse_knob_mapping
 from daemon.owner_files import TEMPLATE_FILE, Owner
 from daemon.templates import (
-    SCRIPT_FILE,
     KnobChange,
     Patch,
     RevisionDir,
     TemplateError,
     apply_patch,
     diff_revisions,
-    import_script,
     initial_revision,
+    invariant_known,
     knobs_to_json,
     load_template,
     parse_knob_text,
+    parse_template,
+    render,
 )
 
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -54,9 +61,7 @@ def template_group() -> None:
     """Launch templates: analyse, import, show, render, set, diff."""
 
 
-@template_group.command("analyse", epilog=f"JSON keys (--json):\n\n{DOCUMENT_KEYS}")
-@click.argument("script")
-@click.option(
+_MAPPING_OPTION = click.option(
     "--knob",
     "mappings",
     multiple=True,
@@ -64,6 +69,11 @@ def template_group() -> None:
     help="a flag or key of the script's own program that sets a knob, e.g."
     " micro_batch=--batch_size (repeat for several)",
 )
+
+
+@template_group.command("analyse", epilog=f"JSON keys (--json):\n\n{DOCUMENT_KEYS}")
+@click.argument("script")
+@_MAPPING_OPTION
 @click.option(
     "--checkpoint-dir",
     metavar="DIR",
@@ -94,8 +104,20 @@ def analyse_command(
     Exit codes: 0 analysed (whatever the verdict), 2 usage, 3 the script could not be read.
     """
     knob_names = _knob_names(mappings)
+    _check_checkpoint_dir(checkpoint_dir)
+    _, gathered = _gathered(script, submit_dir, knob_names, "analyse")
+    _print_report(report_document(gathered, checkpoint_dir), as_json)
+
+
+def _check_checkpoint_dir(checkpoint_dir: str | None) -> None:
     if checkpoint_dir is not None and not posixpath.isabs(checkpoint_dir):
         raise click.BadParameter("an absolute path", param_hint="--checkpoint-dir")
+
+
+def _gathered(
+    script: str, submit_dir: str | None, knob_names: dict[str, Knob], command: str
+) -> tuple[str, Gathered]:
+    """The script's text, read as the caller, and its analysis with the files it names."""
     location = posixpath.abspath(script)
     directory = posixpath.abspath(submit_dir) if submit_dir else posixpath.dirname(location)
     read = caller_reader()
@@ -110,8 +132,11 @@ def analyse_command(
             knob_names=knob_names,
         )
     except ScriptUnreadable as error:
-        _fail(str(error), EXIT_UNREADABLE)
-    document = report_document(gathered, checkpoint_dir)
+        _fail(command, str(error), EXIT_UNREADABLE)
+    return text, gathered
+
+
+def _print_report(document: dict[str, object], as_json: bool) -> None:
     if as_json:
         click.echo(printable_json(document))
         return
@@ -132,13 +157,13 @@ def _knob_names(mappings: tuple[str, ...]) -> dict[str, Knob]:
     return names
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"slurm-medic template analyse: {printable(message)}", err=True)
+def _fail(command: str, message: str, code: int) -> NoReturn:
+    click.echo(f"slurm-medic template {command}: {printable(message)}", err=True)
     raise SystemExit(code)
 
 
-@template_group.command("import")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@template_group.command("import", epilog=f"JSON keys (--json):\n\n{DOCUMENT_KEYS}")
+@click.argument("script")
 @click.option("--dialect", "dialect_name", required=True, type=click.Choice(sorted(DIALECTS)))
 @click.option("--name", required=True, help="template name (also its directory name)")
 @click.option(
@@ -146,48 +171,69 @@ def _fail(message: str, code: int) -> NoReturn:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("templates"),
     show_default=True,
-    help="directory that will hold the new template's directory",
+    help="directory that will hold the new template's directory (INTO/NAME)",
 )
-def import_command(script: Path, dialect_name: str, name: str, into: Path) -> None:
-    """Turn an existing sbatch SCRIPT into a template, reporting what was recognised."""
+@_MAPPING_OPTION
+@click.option(
+    "--checkpoint-dir",
+    metavar="DIR",
+    help="the absolute directory the run writes its checkpoints to, when the script does not say",
+)
+@click.option(
+    "--submit-dir",
+    metavar="DIR",
+    help="the directory the job is submitted from [default: the script's directory]",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document (keys below)")
+def import_command(
+    script: str,
+    *,
+    dialect_name: str,
+    name: str,
+    into: Path,
+    mappings: tuple[str, ...],
+    checkpoint_dir: str | None,
+    submit_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Make a template of an existing sbatch SCRIPT, keeping the script exactly as it is.
+
+    INTO/NAME receives the script verbatim (job.sbatch) and a template.toml with the dialect,
+    your --knob mappings and --checkpoint-dir. A knob is managed only where the script writes
+    its value; every other knob is "not managed" and no change will ever touch it. The report
+    says, knob by knob, what is managed and where a change would be written, what is not and
+    why, and whether a batch-size change could be made (the verdict).
+
+    Exit codes: 0 imported (whatever the verdict), 1 refused, 2 usage, 3 unreadable script.
+    """
     if not _TEMPLATE_NAME.match(name):
         raise click.BadParameter("letters, digits, '_', '.', '-' only", param_hint="--name")
+    knob_names = _knob_names(mappings)
+    _check_checkpoint_dir(checkpoint_dir)
     target = into / name
-    if target.exists():
-        raise click.ClickException(f"{target} already exists")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise click.ClickException(f"{target} already exists and is not empty: not overwritten")
+    text, gathered = _gathered(script, submit_dir, knob_names, "import")
+    toml_text = imported_toml(
+        name=name,
+        dialect=dialect_name,
+        knob_names=knob_names,
+        elsewhere=elsewhere_of(gathered.analysis, script),
+        checkpoint_dir=checkpoint_dir,
+    )
     try:
-        text = script.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise click.ClickException(f"cannot read {script}: {error}") from error
-
-    def read_beside(path: str) -> str:
-        candidate = Path(path)
-        return (candidate if candidate.is_absolute() else script.parent / candidate).read_text()
-
-    try:
-        result = import_script(text, dialect_name=dialect_name, name=name, read_file=read_beside)
+        parse_template(tomllib.loads(toml_text), text, target)  # refuse before writing anything
     except (TemplateError, KnobError) as error:
         raise click.ClickException(str(error)) from error
-    target.mkdir(parents=True)
-    (target / TEMPLATE_FILE).write_text(result.toml_text)
-    (target / SCRIPT_FILE).write_text(result.script_source)
-    template = load_template(target)
-    first = initial_revision(template)
-    RevisionDir(template).save(first)
-    click.echo(f"template {name} ({dialect_name}) written to {target}, revision {first.id}")
-    click.echo("recognised:")
-    for item in result.recognised:
-        click.echo(
-            f"  {item.knob} = {json.dumps(knobs_to_json({'v': item.value})['v'])}  ({item.source})"
-        )
-    if result.defaulted:
-        click.echo(f"not in the script, defaulted: {', '.join(result.defaulted)}")
-    if result.kept:
-        click.echo("not recognised, kept as written:")
-        for line in result.kept:
-            click.echo(f"  {line}")
-    for note in result.notes:
-        click.echo(f"note: {note}")
+    target.mkdir(parents=True, exist_ok=True)
+    (target / IMPORTED_SCRIPT).write_bytes(text.encode("utf-8", "surrogateescape"))
+    (target / TEMPLATE_FILE).write_text(toml_text, encoding="utf-8")
+    try:
+        template = load_template(target)
+        RevisionDir(template).save(initial_revision(template))
+    except TemplateError as error:
+        raise click.ClickException(str(error)) from error
+    _print_report(import_document(gathered, template, checkpoint_dir), as_json)
 
 
 @template_group.command("show")
@@ -198,19 +244,23 @@ def show_command(directory: Path, as_json: bool) -> None:
     try:
         template = load_template(directory)
         revisions = RevisionDir(template).all()
-        geometry = template.dialect.geometry(template.knobs)
+        known = invariant_known(template.dialect, template.not_managed)
+        geometry = template.dialect.geometry(template.knobs) if known else None
     except (TemplateError, KnobError) as error:
         raise click.ClickException(str(error)) from error
+    unmanaged = {knob: f"{NOT_MANAGED}: {why}" for knob, why in template.not_managed.items()}
     data = {
         "name": template.name,
         "dialect": template.dialect.name,
+        "imported": template.imported is not None,
         "invariant": template.dialect.invariant,
         "resume": template.dialect.resume_note,
-        "global_batch": geometry.global_batch,
-        "micro": geometry.micro,
-        "accum": geometry.accum,
-        "data_parallel": geometry.data_parallel,
-        "knobs": knobs_to_json(template.knobs),
+        "global_batch": geometry.global_batch if geometry else None,
+        "micro": geometry.micro if geometry else None,
+        "accum": geometry.accum if geometry else None,
+        "data_parallel": geometry.data_parallel if geometry else None,
+        "knobs": {**knobs_to_json(template.knobs), **unmanaged},
+        "not_managed": dict(template.not_managed),
         "sbatch": dict(template.sbatch),
         "checkpoint": None
         if template.checkpoint is None
@@ -225,20 +275,28 @@ def show_command(directory: Path, as_json: bool) -> None:
         ],
     }
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(printable_json(data))
         return
-    click.echo(f"{template.name}  ({template.dialect.title})")
+    imported = " (imported: the script is kept as written)" if template.imported else ""
+    click.echo(f"{template.name}  ({template.dialect.title}){imported}")
     click.echo(f"invariant: {template.dialect.invariant}")
-    click.echo(
-        f"batch: global {geometry.global_batch} = micro {geometry.micro} x accum "
-        f"{geometry.accum} x data-parallel {geometry.data_parallel}"
-    )
+    if geometry is None:
+        terms = [t for t in invariant_terms(template.dialect) if t in template.not_managed]
+        click.echo(f"batch: not known ({', '.join(terms)} not managed)")
+    else:
+        click.echo(
+            f"batch: global {geometry.global_batch} = micro {geometry.micro} x accum "
+            f"{geometry.accum} x data-parallel {geometry.data_parallel}"
+        )
     click.echo(f"resume: {template.dialect.resume_note}")
     click.echo("knobs:")
     for spec in template.dialect.knobs:
+        if spec.name in unmanaged:
+            click.echo(f"  {spec.name:32} {printable(unmanaged[spec.name])}")
+            continue
         value = json.dumps(knobs_to_json({"v": template.knobs[spec.name]})["v"])
         shown = value if spec.is_set(template.knobs[spec.name]) else "(not set)"
-        click.echo(f"  {spec.name:32} {shown:24} {spec.description}")
+        click.echo(f"  {spec.name:32} {printable(shown):24} {spec.description}")
     if template.checkpoint:
         click.echo(
             f"checkpoints: {template.checkpoint.layout.value} under {template.checkpoint.root}"
@@ -257,11 +315,13 @@ def render_command(directory: Path, revision_id: str | None) -> None:
     try:
         template = load_template(directory)
         if revision_id is None:
-            click.echo(initial_revision(template).script, nl=False)
+            script = render(template)
         else:
-            click.echo(RevisionDir(template).load(revision_id).script, nl=False)
+            script = RevisionDir(template).load(revision_id).script
     except (TemplateError, KnobError) as error:
         raise click.ClickException(str(error)) from error
+    # Byte for byte: an imported script's bytes that are not UTF-8 come back as they were.
+    click.echo(script.encode("utf-8", "surrogateescape"), nl=False)
 
 
 @template_group.command("set")

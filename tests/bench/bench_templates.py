@@ -1,6 +1,7 @@
-"""What the planning half of a relaunch costs: render, patch+diff, plan, import, checkpoint scan,
-and what refusing a hostile template costs (nested loops, include, a recursive macro, huge
-arithmetic, too many tags: each refused from the parsed tree, before anything runs).
+"""What the planning half of a relaunch costs: render, patch+diff, plan, loading and rendering
+an imported script, checkpoint scan, and what refusing a hostile template costs (nested loops,
+include, a recursive macro, huge arithmetic, too many tags: each refused from the parsed tree,
+before anything runs).
 
 Each figure is the median of several runs. The checkpoint scan is timed over real directory
 trees in a temporary directory: N half-written HF checkpoints above one complete one (the worst
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec, find_last_good
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
+from daemon.dialects.base import Role
 from daemon.evidence.records import OomFamily, OomReport
 from daemon.planner import Attempt, LineageHistory, Outcome, PlannerPolicy, Proposal, plan
 from daemon.templates import (
@@ -28,9 +30,9 @@ from daemon.templates import (
     Patch,
     TemplateError,
     apply_patch,
-    import_script,
     initial_revision,
     load_template,
+    parse_template,
     render,
 )
 
@@ -84,10 +86,6 @@ def walk_ladder(example: str) -> int:
             )
         )
         template = dataclasses.replace(template, knobs=revision.knobs)
-
-
-def read_data(path: str) -> str:
-    return (DATA / path).read_text()
 
 
 def checkpoint_tree(root: Path, half_written: int) -> None:
@@ -149,10 +147,17 @@ def main() -> None:
         ("torchrun_env.sbatch", "torchrun"),
     ):
         text = (DATA / script).read_text()
-        seconds = median_s(
-            partial(import_script, text, dialect_name=dialect, name="b", read_file=read_data), 100
-        )
-        report(f"import {script}", seconds)
+        document = {"name": "b", "dialect": dialect, "script": "job.sbatch", "imported": True}
+        seconds = median_s(partial(parse_template, document, text), 100)
+        report(f"load imported {script} (analysed)", seconds)
+        template = parse_template(document, text)
+        micro = template.dialect.roles[Role.MICRO_BATCH]
+        if micro in template.not_managed:
+            continue
+        value = template.knobs[micro]
+        moved = {**template.knobs, micro: value + 1 if isinstance(value, int) else value}
+        seconds = median_s(partial(render, template, moved), 100)
+        report(f"render imported {script}, micro moved, read back", seconds)
     for count in (1_000, 10_000):
         with tempfile.TemporaryDirectory() as temporary:
             root = Path(temporary)
