@@ -42,7 +42,7 @@ from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET
 from daemon.evidence.prober import ProbeSettings
 from daemon.owner_files import MAX_SCAN_BYTES
 from daemon.slurm.records import JobState
-from daemon.store.settings import DEFAULT_STATE_DIR, StoreSettings
+from daemon.store.settings import StoreSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-medic/config.toml")
 CONFIG_ENV = "SLURM_MEDIC_CONFIG"
@@ -151,13 +151,29 @@ class PolicySettings(_Section):
     proposal_ttl_s: float = Field(default=7 * 86400, gt=0, le=365 * 86400)
     max_attempts_per_lineage: int = Field(default=6, ge=1, le=100)
     max_attempts_per_rule: int = Field(default=1, ge=1, le=100)
+    # Levers whose tries per lineage differ from max_attempts_per_rule, by name.
+    max_attempts_by_lever: dict[Name, Annotated[int, Field(ge=1, le=100)]] = {}
     max_no_progress: int = Field(default=2, ge=1, le=100)
+
+    @field_validator("max_attempts_by_lever")
+    @classmethod
+    def _levers_exist(cls, value: dict[str, int]) -> dict[str, int]:
+        """A misspelt lever would leave its budget at the default in silence."""
+        from remediators.registry import BY_NAME  # noqa: PLC0415  (only when one is set)
+
+        unknown = sorted(set(value) - set(BY_NAME))
+        if unknown:
+            raise ValueError(
+                f"no lever named {', '.join(unknown)}; levers: {', '.join(sorted(BY_NAME))}"
+            )
+        return value
 
 
 class VerifySettings(_Section):
     """A relaunch is verified once it logs `margin_steps` past the step that failed and a
-    checkpoint newer than the one it resumed from exists; a relaunch that never starts or
-    never reaches its first step within the timeouts counts as no progress."""
+    checkpoint newer than the one it resumed from exists; a relaunch still pending after
+    `pending_timeout_s`, or running `max_duration_s` without showing that, counts as no
+    progress."""
 
     margin_steps: int = Field(default=2, ge=0, le=1_000_000)
     pending_timeout_s: float = Field(default=24 * 3600, gt=0)
@@ -175,7 +191,6 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    state_dir: Path = DEFAULT_STATE_DIR
     hook_socket: Path = Path("/run/slurm-medic/hook.sock")
     store: StoreSettings = StoreSettings()
     probe: ProbeSettings | None = None

@@ -322,6 +322,7 @@ def planner_policy(settings: Settings) -> PlannerPolicy:
     return PlannerPolicy(
         max_attempts_per_lineage=policy.max_attempts_per_lineage,
         max_attempts_per_rule=policy.max_attempts_per_rule,
+        per_rule=policy.max_attempts_by_lever,
         max_no_progress=policy.max_no_progress,
     )
 

@@ -13,6 +13,7 @@ stops. systemd gets READY=1 and WATCHDOG=1 over NOTIFY_SOCKET.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from daemon import process
 from daemon.actions import ActDeps, act_on_approved
 from daemon.config import Settings
+from daemon.effects import perform
 from daemon.evidence.findings import OUTSIDE_ALLOCATION
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import LogFindings
@@ -595,8 +597,10 @@ class Daemon:
         return full if full.accounting_complete else None
 
     def _step_wedged(self, session: Session, report: CycleReport) -> None:
-        wedge = self.settings.wedge
-        if not wedge.enabled:
+        """Cancel a run whose log shows a rank's root failure while the others hang; never
+        while paused or dry-running, which promise no scancel."""
+        wedge, policy = self.settings.wedge, self.settings.policy
+        if not wedge.enabled or policy.dry_run or policy.paused or repo.is_paused(session):
             return
         lineage_jobs = records.lineage_job_ids(session)
         session.commit()  # only read: squeue and the log reads hold no lock on the record
@@ -615,28 +619,15 @@ class Daemon:
             first = self._wedge_seen.setdefault(job.job_id, now)
             if now - first < timedelta(seconds=wedge.grace_s):
                 continue
-            action = repo.record_action(
+            done = perform(
                 session,
                 kind=ActionKind.SCANCEL,
                 argv=["scancel", str(job.job_id)],
                 actor=DAEMON,
+                run=functools.partial(self.backend.cancel, job.job_id),
             )
-            session.commit()
-            try:
-                self.backend.cancel(job.job_id)
-            except SlurmError as error:
-                repo.finish_action(
-                    session,
-                    action_id=action.id,
-                    exit_code=None,
-                    stdout="",
-                    stderr=str(error),
-                    succeeded=False,
-                )
+            if not done.succeeded:
                 continue
-            repo.finish_action(
-                session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
-            )
             repo.append_audit(
                 session,
                 actor=DAEMON,

@@ -4,7 +4,8 @@ Verified: the relaunch logged at least `margin_steps` past the step that failed 
 checkpoint newer than the one it resumed from exists (the run can be resumed past the
 failure). A relaunch that fails again is judged by the pipeline: the same kind of failure
 moves the lineage up the ladder, a different one stops and asks a person, and one that did
-not get past the failing step counts as no progress (the planner ends retries on those).
+not get past the failing step counts as no progress (the planner ends retries on those), as
+does one still pending after `verify.pending_timeout_s`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from daemon.config import Settings
 from daemon.diagnosis import Diagnosis, FailureKind
+from daemon.effects import perform
 from daemon.evidence.records import Evidence
 from daemon.owner_files import OwnerReadRefused
 from daemon.pipeline import DAEMON, JobFiles, PipelineDeps, lineage_template, read_log_findings
@@ -27,7 +29,14 @@ from daemon.slurm.errors import JobNotFound, SlurmError
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
-from daemon.store.models import Incident, Lineage, LineageStatus, Proposal, TemplateRevision
+from daemon.store.models import (
+    ActionKind,
+    Incident,
+    Lineage,
+    LineageStatus,
+    Proposal,
+    TemplateRevision,
+)
 from daemon.store.states import ProposalState
 from daemon.templates import LaunchTemplate, TemplateError
 
@@ -235,6 +244,34 @@ class FollowDeps:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
+def _pending_too_long(
+    session: Session, proposal: Proposal, job: SlurmJob, waited: float, deps: FollowDeps
+) -> str:
+    """A relaunch still queued past `verify.pending_timeout_s` is cancelled, then counted as
+    no progress: it ran no step, so it stands where it resumed from (0 from scratch). Left
+    queued, it could start after the planner had moved on, a second run of the lineage that
+    nobody follows. While the daemon is paused or dry-running it only waits."""
+    policy = deps.settings.policy
+    if policy.dry_run or policy.paused or repo.is_paused(session):
+        return f"pending {waited:.0f} s, past the timeout; not cancelled while paused or dry-run"
+    job_id = job.job_id
+    done = perform(
+        session,
+        kind=ActionKind.SCANCEL,
+        argv=["scancel", str(job_id)],
+        actor=DAEMON,
+        run=lambda: deps.backend.cancel(job_id),
+        proposal_id=proposal.id,
+    )
+    if done.error is not None:
+        return f"pending {waited:.0f} s, past the timeout; scancel failed: {done.error}"
+    standing = Progress(proposal.patch.get("resumed_step") or 0, None)
+    reason = f"pending {waited:.0f} s, past verify.pending_timeout_s: cancelled"
+    _no_progress(session, proposal, standing, reason)
+    session.commit()
+    return "no progress"
+
+
 def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str]]:
     """Look at every relaunch in flight; verify those that already show the fix worked.
 
@@ -260,7 +297,10 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
         if job.state is JobState.PENDING and job.submit_time is not None:
             waited = (now - job.submit_time).total_seconds()
             if waited > deps.settings.verify.pending_timeout_s:
-                log.warning("relaunch %s pending for %.0f s", job.job_id, waited)
+                results.append(
+                    (proposal.id, _pending_too_long(session, proposal, job, waited, deps))
+                )
+                continue
         if job.state is not JobState.RUNNING:
             results.append((proposal.id, job.state.value))
             continue

@@ -177,7 +177,6 @@ class Medic:
     def prepare(self) -> None:
         """Write the config and bring a fresh record to the current schema."""
         self.config.write_text(
-            f'state_dir = "{self.work_dir}"\n'
             f'hook_socket = "{self.hook_socket}"\n'
             "[store]\n"
             f'url = "{self.url}"\n'

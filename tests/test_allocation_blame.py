@@ -228,6 +228,28 @@ def test_the_wedge_check_records_the_node_outside_the_allocation(fresh_engine: E
     ]
 
 
+def test_a_dry_running_daemon_never_cancels_a_wedged_run(fresh_engine: Engine) -> None:
+    with make_session_factory(fresh_engine)() as session:
+        start_lineage(session, 6102)
+        session.commit()
+    running = dataclasses.replace(
+        on_gpu_01(failed_job(6102)), state=JobState.RUNNING, state_raw="RUNNING", end_time=None
+    )
+    slurm = RunningSlurm(running)
+    url = fresh_engine.url.render_as_string(hide_password=False)
+    settings = Settings.model_validate(
+        {"store": StoreSettings(url=url), "wedge": {"grace_s": 0}, "policy": {"dry_run": True}}
+    )
+    now = T0 + timedelta(minutes=1)
+    daemon = Daemon(
+        settings, backend=slurm, files=LogText(REPRODUCER), engine=fresh_engine, clock=lambda: now
+    )
+    report = daemon.cycle()
+    daemon.leader.release()
+    assert report.wedged_cancelled == []
+    assert slurm.cancelled == []
+
+
 # -------------------------------------------------------------------- diagnose JOBID
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,11 +14,16 @@ from daemon.config import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
     ManagedSettings,
+    Settings,
     config_path,
     is_known_variable,
     load_settings,
 )
+from daemon.diagnosis import FailureKind, MidRunCause, Onset
+from daemon.pipeline import planner_policy
+from daemon.planner import LineageHistory, Outcome, Proposal, plan
 from daemon.slurm.records import JobState
+from tests.test_planner import _attempt, diagnosis, example
 
 
 @pytest.fixture(autouse=True)
@@ -176,3 +182,37 @@ def test_a_name_is_one_short_line_of_safe_characters(tmp_path: Path, name: str) 
     with pytest.raises(ConfigError, match=r"managed\.users\.0"):
         load_settings(path)
     assert load_settings(write(tmp_path, '[managed]\nusers = ["clm.x@y-z_1"]\n')).managed.users
+
+
+def test_a_levers_own_budget_reaches_the_planner(tmp_path: Path) -> None:
+    """`policy.max_attempts_by_lever` lets one lever be tried again where the per-rule
+    budget (1) would skip it: the micro-batch is cut a second time."""
+    megatron = example("megatron")
+    mid_run = diagnosis(
+        FailureKind.TRUE_OOM, onset=Onset.MID_RUN, step=100, mid_run_cause=MidRunCause.GROWTH
+    )
+    # The first cut got past the failing step (100 -> 140), then the run failed again.
+    history = LineageHistory(
+        (_attempt("micro_batch_down", 0, Outcome.SAME_FAILURE, 140, megatron),)
+    )
+    smaller = dataclasses.replace(megatron, knobs={**megatron.knobs, "micro_batch_size": 2})
+
+    def first_choice(settings: Settings) -> str:
+        planned = plan(mid_run, smaller, history, planner_policy(settings))
+        assert isinstance(planned, Proposal)
+        return planned.remediation.remediator
+
+    assert first_choice(load_settings(write(tmp_path, ""))) == "recompute_selective"
+    budgets = write(tmp_path, "[policy.max_attempts_by_lever]\nmicro_batch_down = 2\n")
+    assert first_choice(load_settings(budgets)) == "micro_batch_down"
+
+
+def test_a_budget_for_a_lever_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "[policy.max_attempts_by_lever]\nmicro_batch_dwon = 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert "policy.max_attempts_by_lever: Value error, no lever named micro_batch_dwon" in str(
+        caught.value
+    )
+    with pytest.raises(ConfigError, match=r"policy\.max_attempts_by_lever\.micro_batch_down"):
+        load_settings(write(tmp_path, "[policy.max_attempts_by_lever]\nmicro_batch_down = 0\n"))

@@ -96,7 +96,7 @@ def _options(model: type[BaseModel], prefix: str = "") -> set[str]:
 def _flatten(document: dict[str, Any], prefix: str = "") -> set[str]:
     names: set[str] = set()
     for key, value in document.items():
-        if isinstance(value, dict) and key != "xid_overrides":
+        if isinstance(value, dict) and key not in ("xid_overrides", "max_attempts_by_lever"):
             names |= _flatten(value, f"{prefix}{key}.")
         else:
             names.add(prefix + key)

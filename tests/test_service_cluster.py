@@ -81,7 +81,6 @@ def make_template(
 def configure(work_dir: Path, cluster: DevCluster, extra: str = "") -> Path:
     config = work_dir / "config.toml"
     config.write_text(
-        f'state_dir = "{work_dir}"\n'
         "[store]\n"
         f'url = "sqlite+pysqlite:///{work_dir}/medic.db"\n'
         "[watcher]\n"
@@ -186,7 +185,7 @@ def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_d
     assert relaunch.state is JobState.RUNNING  # verified before it ended
     assert relaunch.user == USER
     # 22.05 accounting keeps the comment only once a job ends; slurmctld has it now.
-    queued = {job.job_id: job for job in daemon.queued_jobs()}
+    queued = {job.job_id: job for job in daemon.backend.queued_jobs()}
     assert queued[action.slurm_job_id].comment == action.token
     assert queued[action.slurm_job_id].user == USER
     log = Path(work_dir / f"torchrun-example-{action.slurm_job_id}.out").read_text()

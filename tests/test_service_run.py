@@ -23,7 +23,7 @@ CLI = str(Path(sys.executable).parent / "slurm-medic")
 def config(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "config.toml"
     path.write_text(
-        f'state_dir = "{tmp_path}"\nhook_socket = "{tmp_path}/hook.sock"\n'
+        f'hook_socket = "{tmp_path}/hook.sock"\n'
         f'[store]\nurl = "{sqlite_url(tmp_path / "medic.db")}"\n' + extra
     )
     return path

@@ -20,8 +20,7 @@ import grp
 import os
 import pwd
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,17 +30,13 @@ from rich.console import Console
 from sqlalchemy.orm import Session
 
 from daemon.commands import story
-from daemon.commands.db import cli_settings, record_engine
-from daemon.commands.terminal import printable_document, printable_json
+from daemon.commands.context import CommandContext, record_options, say
 from daemon.config import Settings, sudo_caller
 from daemon.diagnosis import FailureKind
-from daemon.slurm.backend import SlurmCli
-from daemon.slurm.errors import SlurmError
+from daemon.effects import perform
 from daemon.slurm.scontrol import resume_argv, validate_node_name
 from daemon.store import repository as repo
-from daemon.store.engine import Access, make_session_factory
 from daemon.store.models import ActionKind, Incident, NodeEvent, NodeEventKind, Proposal
-from daemon.store.schema import check_schema_current
 from daemon.store.states import IllegalTransition, ProposalState
 
 _LINEAGE_REF = re.compile(r"[Ll](?:ineage)?[:/]?([0-9]{1,10})\Z")
@@ -107,61 +102,15 @@ def authority(person: Person, *, owner: str | None, settings: Settings) -> str |
     return None
 
 
-# ---------------------------------------------------------------- options and the record
-
-_config_option = click.option(
-    "--config",
-    "config_path",
-    metavar="FILE",
-    default=None,
-    help="Config file (default: $SLURM_MEDIC_CONFIG, else /etc/slurm-medic/config.toml).",
-)
-_database_option = click.option(
-    "--database",
-    "database_url",
-    metavar="URL",
-    default=None,
-    help="SQLAlchemy URL of the record, over the config's store.url.",
-)
-_json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document.")
-
-
-def _record_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    return _config_option(_database_option(_json_option(command)))
-
-
-@contextmanager
-def _record(settings: Settings, *, read_only: bool = False) -> Iterator[Session]:
-    """A session on the record at this code's schema; the engine is closed afterwards.
-
-    Commands that only read open SQLite read-only and take a read-only session: they never
-    create a record, answer while a daemon step holds SQLite's write lock, and cannot write
-    by mistake. No command creates a missing record; `db upgrade` does.
-    """
-    access = Access.READ if read_only else Access.WRITE
-    with record_engine(settings, access=access) as engine:
-        check_schema_current(engine)
-        with make_session_factory(engine, read_only=read_only)() as session:
-            yield session
-
-
-def _emit(as_json: bool, document: Any, render: Callable[[Console, Any], None]) -> None:
-    """Print the document for a script or a person; user text reaches neither raw."""
-    if as_json:
-        click.echo(printable_json(document))
-        return
-    render(Console(highlight=False, soft_wrap=True), printable_document(document))
-
-
 # ---------------------------------------------------------------- status
 
 
 @click.command("status")
-@_record_options
+@record_options
 def status_command(config_path: str | None, database_url: str | None, as_json: bool) -> None:
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
-    settings = cli_settings(config_path, database_url)
-    with _record(settings, read_only=True) as session:
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
+    with context.session(read_only=True) as session:
         flag = repo.pause_flag(session)
         document = {
             "paused": bool(flag and flag.value),
@@ -173,7 +122,7 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
                 "at": story.when(flag.set_at),
                 "reason": flag.reason,
             },
-            "dry_run": settings.policy.dry_run,
+            "dry_run": context.settings.policy.dry_run,
             "polls": [
                 {"watcher": cursor.name, "polled_until": story.when(cursor.polled_until)}
                 for cursor in repo.cursors(session)
@@ -193,7 +142,7 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
             ],
             "drains": [_drain_document(event) for event in repo.drains_in_force(session)],
         }
-    _emit(as_json, document, _print_status)
+    context.emit(document, _print_status)
 
 
 def _pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
@@ -300,7 +249,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 @click.option("--since", "since_text", default="7d", show_default=True, help="7d, 12h, or a date.")
 @click.option("--kind", type=click.Choice([kind.value for kind in FailureKind]), default=None)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=200, show_default=True)
-@_record_options
+@record_options
 def history_command(
     *,
     user: str | None,
@@ -314,8 +263,8 @@ def history_command(
     """Failures slurm-medic analysed, newest first, with what was proposed for each."""
     now = datetime.now(UTC)
     since = parse_since(since_text, now)
-    settings = cli_settings(config_path, database_url)
-    with _record(settings, read_only=True) as session:
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
+    with context.session(read_only=True) as session:
         incidents = repo.find_incidents(
             session,
             since=since,
@@ -354,8 +303,7 @@ def history_command(
             for incident in incidents
         ]
     document = {"since": story.when(since), "incidents": rows}
-    _emit(
-        as_json,
+    context.emit(
         document,
         lambda console, shown: console.print(_history_table(shown["incidents"])),
     )
@@ -384,7 +332,7 @@ def _history_table(rows: list[dict[str, Any]]) -> Any:
 
 @click.command("show")
 @click.argument("reference", metavar="LINEAGE|JOB")
-@_record_options
+@record_options
 def show_command(
     reference: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
@@ -393,8 +341,8 @@ def show_command(
     Each attempt, the evidence, the diagnosis and its reasons, the proposal and the diff
     that was applied, who decided and why, and the outcome.
     """
-    settings = cli_settings(config_path, database_url)
-    with _record(settings, read_only=True) as session:
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
+    with context.session(read_only=True) as session:
         lineage = _LINEAGE_REF.match(reference.strip())
         if lineage:
             try:
@@ -413,7 +361,7 @@ def show_command(
             if found is None:
                 raise click.ClickException(f"job {job.group(1)} is not in the record")
             document = found
-    _emit(as_json, document, story.print_story)
+    context.emit(document, story.print_story)
 
 
 # ---------------------------------------------------------------- decisions
@@ -428,16 +376,16 @@ def _decide(
     database_url: str | None,
     as_json: bool,
 ) -> None:
-    settings = cli_settings(config_path, database_url)
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
-    with _record(settings) as session:
+    with context.session() as session:
         proposal = session.get(Proposal, proposal_id)
         if proposal is None:
             raise click.ClickException(f"no proposal {proposal_id} in the record")
         incident = session.get(Incident, proposal.incident_id)
         owner = incident.user_name if incident is not None else None
         verb = "approve" if to is ProposalState.APPROVED else "reject"
-        grounds = authority(person, owner=owner, settings=settings)
+        grounds = authority(person, owner=owner, settings=context.settings)
         if grounds is None:
             repo.append_audit(
                 session,
@@ -476,12 +424,10 @@ def _decide(
             "grounds": grounds,
             "reason": reason,
         }
-    _emit(
-        as_json,
+    context.emit(
         document,
-        lambda console, shown: console.print(
-            f"proposal {proposal_id} {to.value} by {shown['by']} ({shown['grounds']})",
-            markup=False,
+        say(
+            lambda shown: f"proposal {proposal_id} {to.value} by {shown['by']} ({shown['grounds']})"
         ),
     )
 
@@ -489,7 +435,7 @@ def _decide(
 @click.command("approve")
 @click.argument("proposal_id", metavar="PROPOSAL", type=click.IntRange(min=1))
 @click.option("--comment", default="", help="Why, for the record.")
-@_record_options
+@record_options
 def approve_command(
     proposal_id: int,
     comment: str,
@@ -511,7 +457,7 @@ def approve_command(
 @click.command("reject")
 @click.argument("proposal_id", metavar="PROPOSAL", type=click.IntRange(min=1))
 @click.option("--why", required=True, help="The reason, for the record (required).")
-@_record_options
+@record_options
 def reject_command(
     proposal_id: int, why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
@@ -541,20 +487,20 @@ def _require_admin(person: Person, settings: Settings, what: str) -> str:
 def _set_pause(
     paused: bool, why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
-    settings = cli_settings(config_path, database_url)
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
-    _require_admin(person, settings, "pause or resume slurm-medic")
-    with _record(settings) as session:
+    _require_admin(person, context.settings, "pause or resume slurm-medic")
+    with context.session() as session:
         repo.set_paused(session, paused=paused, actor=person.actor, reason=why)
         session.commit()
     document = {"paused": paused, "by": person.name, "reason": why}
     word = "paused: proposals are recorded, nothing is acted on" if paused else "resumed"
-    _emit(as_json, document, lambda console, _: console.print(f"slurm-medic {word}", markup=False))
+    context.emit(document, say(lambda _: f"slurm-medic {word}"))
 
 
 @click.command("pause")
 @click.option("--why", default="", help="The reason, for the record.")
-@_record_options
+@record_options
 def pause_command(
     why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
@@ -564,7 +510,7 @@ def pause_command(
 
 @click.command("resume")
 @click.option("--why", default="", help="The reason, for the record.")
-@_record_options
+@record_options
 def resume_command(
     why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
@@ -572,31 +518,25 @@ def resume_command(
     _set_pause(False, why, config_path, database_url, as_json)
 
 
-def _slurm(settings: Settings) -> SlurmCli:
-    return SlurmCli(timeout_s=settings.slurm_timeout_s)
-
-
 @click.group("nodes", invoke_without_command=True)
-@_record_options
+@record_options
 @click.pass_context
 def nodes_group(
-    context: click.Context, config_path: str | None, database_url: str | None, as_json: bool
+    click_context: click.Context, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
     """Nodes drained by slurm-medic and still drained; `nodes resume NODE` clears one."""
-    if context.invoked_subcommand is not None:
+    if click_context.invoked_subcommand is not None:
         return
-    settings = cli_settings(config_path, database_url)
-    with _record(settings, read_only=True) as session:
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
+    with context.session(read_only=True) as session:
         drains = [_drain_document(event) for event in repo.drains_in_force(session)]
-    _emit(
-        as_json, {"drains": drains}, lambda console, shown: _print_drains(console, shown["drains"])
-    )
+    context.emit({"drains": drains}, lambda console, shown: _print_drains(console, shown["drains"]))
 
 
 @nodes_group.command("resume")
 @click.argument("node")
 @click.option("--why", default="", help="The reason, for the record.")
-@_record_options
+@record_options
 def nodes_resume_command(
     node: str, why: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
@@ -605,33 +545,25 @@ def nodes_resume_command(
         validate_node_name(node)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="NODE") from error
-    settings = cli_settings(config_path, database_url)
+    context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
-    _require_admin(person, settings, "resume a node")
-    with _record(settings) as session:
+    _require_admin(person, context.settings, "resume a node")
+    with context.session() as session:
         if node not in {event.node for event in repo.drains_in_force(session)}:
             raise NotAllowed(f"the record holds no slurm-medic drain of {node} in force")
         argv = resume_argv(node)
-        action = repo.record_action(
-            session, kind=ActionKind.RESUME, argv=argv, actor=person.actor, node=node
+        slurm = context.slurm()
+        done = perform(
+            session,
+            kind=ActionKind.RESUME,
+            argv=argv,
+            actor=person.actor,
+            run=lambda: slurm.resume(node),
+            node=node,
         )
-        session.commit()
-        try:
-            _slurm(settings).resume(node)
-        except SlurmError as error:
-            repo.finish_action(
-                session,
-                action_id=action.id,
-                exit_code=None,
-                stdout="",
-                stderr=str(error),
-                succeeded=False,
-            )
-            session.commit()
-            raise click.ClickException(f"{node} not resumed: {error}") from error
-        repo.finish_action(
-            session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
-        )
+        if done.error is not None:
+            raise click.ClickException(f"{node} not resumed: {done.error}") from done.error
+        action = done.action
         repo.record_node_event(
             session,
             node=node,
@@ -642,4 +574,4 @@ def nodes_resume_command(
         )
         session.commit()
     document = {"node": node, "resumed": True, "by": person.name, "action": action.id}
-    _emit(as_json, document, lambda console, _: console.print(f"{node} resumed", markup=False))
+    context.emit(document, say(lambda _: f"{node} resumed"))

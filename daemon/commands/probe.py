@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 from pydantic import ValidationError
 
+from daemon.commands.context import Output, json_option, say
 from daemon.evidence.prober import NodeProber, ProbeSettings
-from daemon.evidence.records import NodeProbe, ProbeVerdict
+from daemon.evidence.records import ProbeVerdict
 
 EXIT_CODES = {
     ProbeVerdict.HEALTHY: 0,
@@ -63,7 +64,7 @@ EXIT_CODES = {
     show_default=True,
     help="Seconds the probe may run on the node.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the NodeProbe record as JSON.")
+@json_option
 def probe_command(
     *,
     node: str,
@@ -93,13 +94,14 @@ def probe_command(
         result = NodeProber(settings).probe(node, start=start)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
-    click.echo(json.dumps(_jsonable(result), indent=2) if as_json else _text(result))
+    Output(as_json).emit(_jsonable(result), say(_text))
     raise SystemExit(EXIT_CODES[result.verdict])
 
 
-def _text(probe: NodeProbe) -> str:
-    lines = [f"{probe.node}: {probe.verdict.value}"]
-    lines += [f"  - {reason}" for reason in probe.reasons]
+def _text(probe: dict[str, Any]) -> str:
+    """The verdict and its reasons (which quote the node's kernel log), from the document."""
+    lines = [f"{probe['node']}: {probe['verdict']}"]
+    lines += [f"  - {reason}" for reason in probe["reasons"]]
     return "\n".join(lines)
 
 

@@ -1,11 +1,16 @@
-"""`slurm-medic run`: the daemon (or one cycle of it with `--once`)."""
+"""`slurm-medic run`: the daemon (or one cycle of it with `--once`).
+
+Exit codes: 0 stopped; 2 a config or a setting that cannot be used (refused under sudo
+too, as every command's: `context.CommandContext`); 3 the record is not usable (at another
+schema, missing or unreachable). Each failure is one line, `slurm-medic run: ...`.
+"""
 
 from __future__ import annotations
 
 import click
 from sqlalchemy.exc import DBAPIError
 
-from daemon.config import ConfigError, load_settings
+from daemon.commands.context import CommandContext, config_option
 from daemon.ssh import UnsafeKey
 from daemon.store.engine import RecordUnavailable, describe_failure, normalise_url
 from daemon.store.schema import SchemaBehind
@@ -15,12 +20,12 @@ EXIT_SCHEMA = 3  # the record is not usable: at another schema, missing or unrea
 
 
 @click.command("run")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config TOML.")
+@config_option
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option("--poll-interval", type=float, help="Seconds between cycles (overrides config).")
 @click.option("--dry-run", is_flag=True, default=None, help="Propose only; never act.")
 def run_command(
-    config_file: str | None, once: bool, poll_interval: float | None, dry_run: bool | None
+    config_path: str | None, once: bool, poll_interval: float | None, dry_run: bool | None
 ) -> None:
     """Watch Slurm, diagnose failed jobs, act on approved fixes, verify relaunches."""
     from daemon.service import configure_logging, daemon_from_settings  # noqa: PLC0415
@@ -30,25 +35,20 @@ def run_command(
         overrides["watcher"] = {"poll_interval_s": poll_interval}
     if dry_run:
         overrides["policy"] = {"dry_run": True}
-    try:
-        settings = load_settings(config_file, overrides=overrides)
-    except ConfigError as error:
-        click.echo(f"slurm-medic run: {error}", err=True)
-        raise SystemExit(EXIT_CONFIG) from error
+    context = CommandContext.load(
+        config_path, overrides=overrides, prefix="slurm-medic run", config_exit=EXIT_CONFIG
+    )
     configure_logging()
     try:
-        with daemon_from_settings(settings) as daemon:
+        with daemon_from_settings(context.settings) as daemon:
             try:
                 daemon.run(once=once)
             except DBAPIError as error:
                 # Only a failure before the first cycle gets here (cycles retry their own):
                 # one line naming the record, never the driver's traceback or the password.
-                url = normalise_url(settings.store.url)
-                click.echo(f"slurm-medic run: {describe_failure(error, url)}", err=True)
-                raise SystemExit(EXIT_SCHEMA) from error
+                url = normalise_url(context.settings.store.url)
+                raise context.fail(describe_failure(error, url), exit_code=EXIT_SCHEMA) from error
             except (SchemaBehind, RecordUnavailable) as error:
-                click.echo(f"slurm-medic run: {error}", err=True)
-                raise SystemExit(EXIT_SCHEMA) from error
+                raise context.fail(str(error), exit_code=EXIT_SCHEMA) from error
     except UnsafeKey as error:  # the probe key, checked as the prober is made
-        click.echo(f"slurm-medic run: {error}", err=True)
-        raise SystemExit(EXIT_CONFIG) from error
+        raise context.fail(str(error), exit_code=EXIT_CONFIG) from error

@@ -2,6 +2,9 @@
 
 The revision is recorded and the token committed before sbatch runs; the token travels in
 the job's comment, so the daemon can tie the job to the lineage whatever happens next.
+
+Exit codes: 0 submitted; 1 the template cannot be used; 2 usage, a config that cannot be
+used, or a setting refused under sudo; 4 the record cannot be used; 5 sbatch refused.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import click
 
-from daemon.config import ConfigError, load_settings, sudo_caller
+from daemon.commands.context import CommandContext, config_option, json_option, say
+from daemon.commands.terminal import printable
+from daemon.config import sudo_caller
 
 EXIT_CONFIG = 2
 EXIT_SUBMIT = 5
@@ -26,26 +31,20 @@ EXIT_SUBMIT = 5
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="The job's working directory (default: the current directory).",
 )
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config TOML.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@config_option
+@json_option
 def submit_command(
     template_dir: Path,
     as_user: str | None,
     work_dir: Path | None,
-    config_file: str | None,
+    config_path: str | None,
     as_json: bool,
 ) -> None:
     """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
-    import json  # noqa: PLC0415
-
-    from daemon.commands.db import record_engine  # noqa: PLC0415
     from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
-    from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
     from daemon.slurm.errors import SubmissionError  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
     from daemon.store import service_records as records  # noqa: PLC0415
-    from daemon.store.engine import Access, make_session_factory  # noqa: PLC0415
-    from daemon.store.schema import check_schema_current  # noqa: PLC0415
     from daemon.templates import (  # noqa: PLC0415
         TemplateError,
         initial_revision,
@@ -53,11 +52,9 @@ def submit_command(
         load_template,
     )
 
-    try:
-        settings = load_settings(config_file)
-    except ConfigError as error:
-        click.echo(f"slurm-medic submit: {error}", err=True)
-        raise SystemExit(EXIT_CONFIG) from error
+    context = CommandContext.load(
+        config_path, as_json=as_json, prefix="slurm-medic submit", config_exit=EXIT_CONFIG
+    )
     # Under sudo the person is the one who ran it, and they may submit only as themselves:
     # root's right to submit for others is not theirs (deploy/README.md, "Privilege model").
     caller = sudo_caller(os.environ, os.getuid())
@@ -77,11 +74,7 @@ def submit_command(
     except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error
     actor = repo.Actor.user(me, real_uid)
-    with (
-        record_engine(settings, access=Access.WRITE) as engine,
-        make_session_factory(engine)() as session,
-    ):
-        check_schema_current(engine)
+    with context.session() as session:
         lineage = repo.create_lineage(
             session, name=template.name, owner=owner, template=str(directory)
         )
@@ -102,7 +95,7 @@ def submit_command(
         )
         session.commit()
         try:
-            job_id = SlurmCli(timeout_s=settings.slurm_timeout_s).submit(
+            job_id = context.slurm().submit(
                 first.script,
                 as_user=owner,
                 comment=token,
@@ -118,8 +111,7 @@ def submit_command(
                 details={"error": str(error), "stderr": error.stderr},
             )
             session.commit()
-            click.echo(f"slurm-medic submit: {error}: {error.stderr.strip()}", err=True)
-            raise SystemExit(EXIT_SUBMIT) from error
+            raise context.fail(f"{error}: {error.stderr.strip()}", exit_code=EXIT_SUBMIT) from error
         records.record_lineage_submission(
             session,
             slurm_job_id=job_id,
@@ -132,7 +124,6 @@ def submit_command(
         )
         session.commit()
         lineage_id = lineage.id
-    if as_json:
-        click.echo(json.dumps({"lineage": lineage_id, "job": job_id, "token": token}))
-    else:
-        click.echo(f"lineage {lineage_id}: submitted job {job_id} as {owner} (token {token})")
+    document = {"lineage": lineage_id, "job": job_id, "token": token}
+    line = f"lineage {lineage_id}: submitted job {job_id} as {printable(owner)} (token {token})"
+    context.emit(document, say(lambda _: line))

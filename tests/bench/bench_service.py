@@ -72,7 +72,7 @@ def _template(work: Path) -> Path:
 def _config(work: Path, poll_s: float) -> Path:
     path = work / "config.toml"
     path.write_text(
-        f'state_dir = "{work}"\nhook_socket = "{work}/hook.sock"\n'
+        f'hook_socket = "{work}/hook.sock"\n'
         f'[store]\nurl = "sqlite+pysqlite:///{work}/medic.db"\n'
         f"[watcher]\npoll_interval_s = {poll_s}\noverlap_s = 60\ninitial_lookback_s = 60\n"
     )
