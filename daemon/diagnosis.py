@@ -542,6 +542,10 @@ def _gpu_oom(context: _Context) -> Diagnosis | None:
             return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
         return None
     reasons = [f"{_family_words(oom)}: {_quote(oom.message)}"]
+    if oom.family in _SIZING_WORDS:
+        # no allocator figures: nothing the training loop's batch levers can be weighed on
+        reasons.extend(_SIZING_WORDS[oom.family])
+        return context.verdict(FailureKind.UNKNOWN, Confidence.LOW, reasons)
     if oom.family is OomFamily.TORCH_ALLOCATOR:
         verdict = _fragmentation_rule(context, oom, reasons)
         if verdict is not None:
@@ -564,6 +568,26 @@ def _gpu_oom(context: _Context) -> Diagnosis | None:
         reasons.append(spike)
         return context.verdict(FailureKind.WORKSPACE_SPIKE, _numbers_confidence(oom), reasons)
     return _true_oom(context, oom, reasons)
+
+
+# Out-of-memory families that print no allocator figures and whose cause is not the training
+# loop's memory: what they mean and where to look, since nothing is proposed for them.
+_SIZING_WORDS: dict[OomFamily, tuple[str, ...]] = {
+    OomFamily.KV_CACHE: (
+        "the engine sizes its KV cache from the GPU memory left after the model's weights, and"
+        " none (or too little for one request) was left: its memory share, max model length,"
+        " the model's size or another process on the GPU decides it, not a training batch",
+        "raise the engine's share (vLLM `gpu_memory_utilization`, SGLang"
+        " `--mem-fraction-static`) or lower its `max_model_len`; nothing is proposed",
+    ),
+    OomFamily.LIBRARY_HANDLE: (
+        "cublasCreate and cudnnCreate allocate on the device, so a failed handle is most often a"
+        " device out of memory; a CUDA or cuDNN build that does not fit the card reads the same:"
+        " weak evidence, with no figures to weigh",
+        "check the card's memory at that point (another process, the run's own peak) and the"
+        " CUDA/cuDNN install; nothing is proposed",
+    ),
+}
 
 
 def _fragmentation_rule(context: _Context, oom: OomReport, reasons: list[str]) -> Diagnosis | None:
@@ -838,6 +862,10 @@ def _family_words(oom: OomReport) -> str:
         OomFamily.NCCL: "NCCL could not allocate GPU memory",
         OomFamily.XLA: "XLA ran out of device memory",
         OomFamily.ONNX_RUNTIME: "ONNX Runtime's arena could not allocate device memory",
+        OomFamily.KV_CACHE: "the inference engine found no GPU memory left for its KV cache",
+        OomFamily.LIBRARY_HANDLE: (
+            f"{'cuBLAS' if 'CUBLAS' in oom.message else 'cuDNN'} could not create its handle"
+        ),
         OomFamily.HOST_RAM: "the host ran out of RAM",
     }[oom.family]
 

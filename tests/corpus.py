@@ -41,6 +41,23 @@ class RuleKind(StrEnum):
     NOT_OOM = "not_oom"  # not a GPU out-of-memory at all
 
 
+class MessageFamily(StrEnum):
+    """Which software printed a message, as the labels name it (README's family table)."""
+
+    TORCH_CUDA = "torch_cuda"
+    TORCH_HIP = "torch_hip"
+    TORCH_XPU = "torch_xpu"
+    TORCH_MPS = "torch_mps"
+    CUDA_RUNTIME = "cuda_runtime"
+    CUBLAS = "cublas"
+    CUDNN = "cudnn"
+    NCCL = "nccl"
+    XLA = "xla"
+    TENSORFLOW = "tensorflow"
+    KV_CACHE = "kv_cache"  # an inference engine's KV-cache sizing (vLLM, SGLang)
+    OTHER = "other"
+
+
 class RootCause(StrEnum):
     """The earliest root failure of a log excerpt, as the labels name it."""
 
@@ -116,7 +133,7 @@ class MessageLabel:
     file: str
     source: str
     software: str
-    family: str
+    family: MessageFamily
     message_line: str
     numbers: Numbers
     expandable_segments: bool
@@ -124,7 +141,7 @@ class MessageLabel:
     arithmetic: str
     notes: str
     cut_top_lines: int | None = None
-    allowed_bytes: int | None = None  # MPS's "max allowed"
+    allowed_bytes: int | None = None  # MPS's "max allowed", or a CUDA/HIP message's "N allowed"
 
 
 @dataclass(frozen=True)
@@ -307,7 +324,7 @@ def _message_label(entry: _Entry) -> MessageLabel:
         file=entry.text("file"),
         source=entry.text("source"),
         software=entry.text("software"),
-        family=entry.text("family"),
+        family=entry.choice("family", MessageFamily),
         message_line=entry.text("message_line"),
         numbers=Numbers(**{name: entry.optional_int(name) for name in NUMBER_FIELDS}),
         expandable_segments=entry.flag("expandable_segments"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import io
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from daemon.evidence.records import (
     GpuHealth,
     LogFindings,
     NodeProbe,
+    OomFamily,
     OomReport,
     Phase,
     ProbeVerdict,
@@ -493,3 +495,75 @@ def test_findings_without_a_root_cause_get_one_from_what_they_hold() -> None:
     line = "ValueError: bad shape"
     assert run(LogFindings(root_failure_line=line)).root_cause is RootCause.OTHER_ERROR
     assert run(LogFindings()).root_cause is None
+
+
+# --- out-of-memory families with no allocator figures (issue 11, second held-out set) --------
+
+REAL_OOM = Path(__file__).parent / "data" / "real" / "oom"
+
+
+def real(prefix: str) -> Path:
+    (path,) = REAL_OOM.glob(f"{prefix}-*.txt")
+    return path
+
+
+def test_an_engines_kv_cache_sizing_is_read_as_oom_but_proposes_no_batch_cut() -> None:
+    # real/oom/156: vLLM's `No available memory for the cache blocks`, a torch.distributed
+    # shutdown warning of rank 0 after it
+    verdict = run(scan_log(real("156")))
+    assert verdict.root_cause is RootCause.ACCELERATOR_OOM
+    assert verdict.oom is not None
+    assert verdict.oom.family is OomFamily.KV_CACHE
+    assert (verdict.kind, verdict.confidence) == (FailureKind.UNKNOWN, Confidence.LOW)
+    assert any("`gpu_memory_utilization`" in reason for reason in verdict.reasons)
+    assert any("not a training batch" in reason for reason in verdict.reasons)
+
+
+@pytest.mark.parametrize("prefix", ["177", "180", "181"])
+def test_a_failed_library_handle_is_weak_evidence_of_a_device_oom(prefix: str) -> None:
+    verdict = run(scan_log(real(prefix)))
+    assert verdict.root_cause is RootCause.ACCELERATOR_OOM
+    assert verdict.oom is not None
+    assert verdict.oom.family is OomFamily.LIBRARY_HANDLE
+    assert verdict.kind is FailureKind.UNKNOWN
+    library = "cuBLAS" if prefix == "177" else "cuDNN"
+    assert verdict.reasons[0].startswith(f"{library} could not create its handle: ")
+    assert any("weak evidence" in reason for reason in verdict.reasons)
+
+
+def test_a_failed_handle_before_the_drivers_oom_is_judged_on_the_drivers_figures() -> None:
+    # real/oom/062: two `failed to create cublas handle` lines, then CUDA_ERROR_OUT_OF_MEMORY
+    found = scan_log(real("062"))
+    assert found.root_failure_line is not None
+    assert "CUBLAS_STATUS_NOT_INITIALIZED" in found.root_failure_line
+    assert found.oom is not None
+    assert (found.oom.family, found.oom.requested_bytes) == (OomFamily.CUDA_RUNTIME, 33554432)
+    assert run(found).kind is FailureKind.TRUE_OOM
+
+
+def test_a_jvm_out_of_host_memory_is_host_ram_like_the_cpu_allocators() -> None:
+    # real/oom/195 (a JVM in a 128 MB pod) reads as 084 (PyTorch's DefaultCPUAllocator) does
+    for prefix in ("195", "084"):
+        verdict = run(scan_log(real(prefix)))
+        assert (verdict.kind, verdict.confidence) == (FailureKind.HOST_RAM, Confidence.MEDIUM)
+        assert verdict.root_cause is RootCause.HOST_RAM
+
+
+def test_a_bare_exception_name_is_explained_by_the_same_exception_with_its_message() -> None:
+    # real/oom/166: the post's first line is `jaxlib.xla_extension.XlaRuntimeError` alone
+    found = scan_log(real("166"))
+    assert found.root_cause is RootCause.ACCELERATOR_OOM
+    assert found.oom is not None
+    assert found.oom.requested_bytes == 3743729664
+    short = scan_log(io.BytesIO(b"RuntimeError\n\nRuntimeError: CUDA error: out of memory\n"))
+    assert short.root_cause is RootCause.ACCELERATOR_OOM
+
+
+def test_a_bare_exception_name_with_no_later_message_of_its_own_is_the_root() -> None:
+    # an `assert` without a message prints its type alone: a later, different exception (here
+    # raised while handling it) does not explain it
+    found = scan_log(
+        io.BytesIO(b"AssertionError\n\nXlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory\n")
+    )
+    assert found.root_cause is RootCause.OTHER_ERROR
+    assert found.root_failure_line == "AssertionError"

@@ -95,6 +95,15 @@ FAMILY_WORDS = st.sampled_from(
         "RESOURCE_EXHAUSTED:",
         "oom when allocating tensor",
         "ResourceExhaustedError",
+        "[Errno 12] Cannot allocate memory",
+        "error='Cannot allocate memory' (errno=12)",
+        "insufficient memory for the Java Runtime Environment",
+        "No available memory for the cache blocks",
+        "stored in KV cache",
+        "KV cache is needed, which is larger than the available KV cache memory",
+        "Not enough memory. Please try to increase --mem-fraction-static",
+        "CUBLAS_STATUS_NOT_INITIALIZED",
+        "CUDNN_STATUS_NOT_INITIALIZED",
         "\n",
         "x",
     ]
@@ -110,6 +119,8 @@ def test_the_literal_prefilter_never_hides_a_match(text: str) -> None:
         (oom._TORCH_OOM, oom._TORCH_WORDS),
         (oom._XLA, oom._XLA_WORDS),
         (oom._XLA_CERTAIN, oom._XLA_WORDS),
+        (oom._KV_CACHE, oom._KV_CACHE_WORDS),
+        (oom._LIBRARY_HANDLE, oom._LIBRARY_HANDLE_WORDS),
     ):
         if pattern.search(text):
             assert any(word in text for word in words), (pattern.pattern[:40], text)

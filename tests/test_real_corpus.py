@@ -22,6 +22,7 @@ from tests.corpus import (
     Comparison,
     CorpusError,
     LogLabel,
+    MessageFamily,
     MessageLabel,
     Numbers,
     ProductAnswer,
@@ -39,7 +40,9 @@ from tests.corpus import (
 MESSAGES = load_message_labels()
 LOGS = load_log_labels()
 # Families whose messages print the allocator figures the fragmentation rule reads.
-RULE_FAMILIES = frozenset({"torch_cuda", "torch_hip", "torch_xpu"})
+RULE_FAMILIES = frozenset(
+    {MessageFamily.TORCH_CUDA, MessageFamily.TORCH_HIP, MessageFamily.TORCH_XPU}
+)
 GIB = 1024**3
 # Beyond any device: a size bug in the program, not memory pressure (issue 11 s.3); the
 # product's daemon.diagnosis.BEYOND_ANY_DEVICE_BYTES (twice the largest card sold, 288 GB).
@@ -191,6 +194,19 @@ def test_loader_rejects_a_misspelt_key_and_a_mistyped_value(tmp_path: Path) -> N
     assert load_log_labels(tmp_path)[0].root_cause is RootCause.CUDA_OOM
 
 
+def test_message_loader_reads_a_family_only_by_its_word(tmp_path: Path) -> None:
+    entry = (
+        '[[sample]]\nfile = "001-x.txt"\nsource = "https://github.com/o/r/issues/1"\n'
+        'software = "vLLM"\nfamily = "kv_cache"\nmessage_line = "l"\n'
+        'expandable_segments = false\nkind = "not_torch"\narithmetic = ""\nnotes = ""\n'
+    )
+    (tmp_path / "labels.toml").write_text(entry)
+    assert load_message_labels(tmp_path)[0].family is MessageFamily.KV_CACHE
+    (tmp_path / "labels.toml").write_text(entry.replace("kv_cache", "vllm"))
+    with pytest.raises(CorpusError, match="family = 'vllm' is not one of its words"):
+        load_message_labels(tmp_path)
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -210,7 +226,7 @@ def _message(kind: RuleKind, **numbers: int) -> MessageLabel:
         file="m.txt",
         source="https://github.com/o/r/issues/1",
         software="",
-        family="torch_cuda",
+        family=MessageFamily.TORCH_CUDA,
         message_line="",
         numbers=Numbers(**numbers),
         expandable_segments=False,

@@ -234,3 +234,93 @@ def test_host_allocation_failures_are_host_ram_but_not_the_oom_killer(prefix: st
 )
 def test_look_alikes_are_no_gpu_oom(line: str) -> None:
     assert detect_family(line) is None
+
+
+# --- the second held-out set (147-197): families and shapes it found missing ---------------
+
+# vLLM's and SGLang's own raise texts for a KV cache that does not fit (vllm/worker/worker.py
+# `raise_if_cache_size_invalid`, vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`,
+# sglang model_runner.py / pool_configurator.py), as their exceptions print them.
+ENGINE_KV_CACHE_MESSAGES = [
+    "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that"
+    " can be stored in KV cache (12032). Try increasing `gpu_memory_utilization` or decreasing"
+    " `max_model_len` when initializing the engine.",
+    "(EngineCore_DP0 pid=3258054) ValueError: To serve at least one request with the models's max"
+    " seq len (262144), (24.0 GiB KV cache is needed, which is larger than the available KV cache"
+    " memory (9.05 GiB). Based on the available memory, the estimated maximum model length is"
+    " 98304. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when"
+    " initializing the engine.",
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value:"
+    " mem_fraction_static=0.6",
+]
+
+
+@pytest.mark.parametrize("prefix", ["155", "156", "157", "158", "159"])
+def test_an_engines_kv_cache_sizing_is_an_oom_family_of_its_own_without_figures(
+    prefix: str,
+) -> None:
+    # 155 `报错ValueError: ...`, 157 the raise line and the exception in one title, 158 docker
+    # compose's `vllm-1  | ` before vLLM's logger prefix, 159 SGLang
+    label = label_of(prefix)
+    assert label.family == "kv_cache"
+    report = parse_oom_block(block_from_message_line(label))
+    assert report is not None
+    assert report.family is OomFamily.KV_CACHE
+    assert numbers(report) == Numbers()
+
+
+@pytest.mark.parametrize("line", ENGINE_KV_CACHE_MESSAGES)
+def test_every_kv_cache_wording_of_vllm_and_sglang_is_that_family(line: str) -> None:
+    report = parse_oom_block([line])
+    assert report is not None
+    assert (report.family, report.requested_bytes) == (OomFamily.KV_CACHE, None)
+
+
+@pytest.mark.parametrize("prefix", ["177", "180", "181"])
+def test_a_library_that_could_not_create_its_handle_is_a_weak_device_oom(prefix: str) -> None:
+    # 177 `CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)``, 180 torch's
+    # `cuDNN error: CUDNN_STATUS_NOT_INITIALIZED`, 181 TF's `could not create cudnn handle`
+    report = parse_oom_block(block_from_message_line(label_of(prefix)))
+    assert report is not None
+    assert report.family is OomFamily.LIBRARY_HANDLE
+    assert numbers(report) == Numbers()
+
+
+def test_a_failed_handle_takes_the_figures_of_the_device_oom_after_it() -> None:
+    # 062: `failed to create cublas handle: CUBLAS_STATUS_NOT_INITIALIZED` twice, then the
+    # driver's `failed to allocate 32.00M (33554432 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY`
+    label = label_of("062")
+    lines = sample_lines(MESSAGES_DIR / label.file)
+    first = next(i for i, line in enumerate(lines) if "NOT_INITIALIZED" in line)
+    report = parse_oom_block(lines[first : first + MAX_BLOCK_LINES])
+    assert report is not None
+    assert report.family is OomFamily.CUDA_RUNTIME
+    assert report.requested_bytes == label.numbers.requested_bytes == 33554432
+
+
+def test_a_jvm_that_cannot_commit_memory_is_host_ram_but_not_the_oom_killer() -> None:
+    # 195: `os::commit_memory(...) failed; error='Cannot allocate memory' (errno=12)` in a pod
+    text = (MESSAGES_DIR / label_of("195").file).read_text(encoding="utf-8")
+    report = parse_oom(text)
+    assert report is not None
+    assert report.family is OomFamily.HOST_RAM
+    assert not host_ram_is_certain(report.message)
+    for line in [
+        "There is insufficient memory for the Java Runtime Environment to continue.",
+        "OSError: [Errno 12] Cannot allocate memory",  # a DataLoader worker's fork
+    ]:
+        assert detect_family(line) is OomFamily.HOST_RAM
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "INFO 04-09 11:42:27 worker.py:267] Available KV cache memory: 0.65 GiB",
+        "INFO 04-09 11:42:27 kv_cache_utils.py:634] GPU KV cache size: 10,944 tokens",
+        # NCCL registering host memory past the memlock limit: not the host out of RAM
+        "node1:123:456 [0] NCCL WARN Call to ibv_reg_mr failed: Cannot allocate memory",
+        "CUBLAS_STATUS_SUCCESS",
+    ],
+)
+def test_engine_and_library_look_alikes_are_no_oom(line: str) -> None:
+    assert detect_family(line) is None

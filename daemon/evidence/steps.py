@@ -51,6 +51,15 @@ _DEFAULT_STEPS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = (
     # Megatron-LM `training_log`: ` [2025-10-02 12:20:48] iteration       48/      50 |`
     # (sample 037; megatron/training/training.py)
     (("iteration",), re.compile(r"\biteration\s+(?P<step>[0-9]+)\s*/\s*(?P<total>[0-9]+)")),
+    # Megatron-LM's and NeMo's other lines that name the iteration reached (training.py
+    # `evaluate_and_print_results`: ` validation loss at iteration 150 on test set | ...`;
+    # checkpointing.py: `saving checkpoint at iteration     150 to ...`, `successfully saved
+    # checkpoint from iteration     150 to ...`, `... loaded checkpoint from ... at iteration
+    # 150`); held-out sample 053
+    (
+        ("iteration",),
+        re.compile(r"\b(?:at|from) iteration[ \t]{1,16}(?P<step>[0-9]{1,12})\b(?![./])"),
+    ),
     # PyTorch's ImageNet example and mmcv/mmengine: `Epoch: [0][511/1736]` (sample 016),
     # `Epoch(train)  [1][ 50/500]`
     (
@@ -174,7 +183,8 @@ def _progress(
 
 
 def _skipped(text: str) -> bool:
-    return "slurmstepd:" in text or "srun:" in text  # Slurm's "step 123.0" is a job step
+    # Slurm's "step 123.0" is a job step; slurmstepd may print its node (`slurmstepd-gpu20-15:`)
+    return "slurmstepd" in text or "srun:" in text
 
 
 def find_step(
