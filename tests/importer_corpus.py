@@ -4,7 +4,8 @@ Labels are read strictly into typed records. Each script is analysed the way the
 caller will do it: analyse, read the files the analysis asks for, analyse again. Here "read"
 means: the corpus file that stands for the path (`config_files`, named `NNN-slug-<name>` where
 the path ends in `<name>`); a path with no such file stays missing, as on a cluster where the
-file is not there.
+file is not there. The directory is a parameter: a held-out set kept outside the tree, laid out
+the same way, is read with `load_labels(directory)`.
 """
 
 from __future__ import annotations
@@ -64,13 +65,14 @@ class ScriptLabel:
     derived: bool
     config_files: tuple[str, ...]
     knobs: tuple[KnobLabel, ...]
+    directory: Path = SBATCH_DIR  # where the script and its config files are
 
     def knob(self, knob: Knob) -> KnobLabel | None:
         return next((label for label in self.knobs if label.knob is knob), None)
 
 
-def load_labels() -> tuple[ScriptLabel, ...]:
-    document = tomllib.loads((SBATCH_DIR / "labels.toml").read_text(encoding="utf-8"))
+def load_labels(directory: Path = SBATCH_DIR) -> tuple[ScriptLabel, ...]:
+    document = tomllib.loads((directory / "labels.toml").read_text(encoding="utf-8"))
     scripts = []
     for entry in document["script"]:
         unknown = set(entry) - _SCRIPT_KEYS
@@ -96,13 +98,14 @@ def load_labels() -> tuple[ScriptLabel, ...]:
                 derived=bool(entry["derived"]),
                 config_files=tuple(entry.get("config_files", ())),
                 knobs=tuple(knobs),
+                directory=directory,
             )
         )
     return tuple(scripts)
 
 
-def read_text(name: str) -> str:
-    return (SBATCH_DIR / name).read_bytes().decode("utf-8", "surrogateescape")
+def read_text(name: str, directory: Path = SBATCH_DIR) -> str:
+    return (directory / name).read_bytes().decode("utf-8", "surrogateescape")
 
 
 def corpus_file_for(label: ScriptLabel, path: str) -> str | None:
@@ -125,7 +128,7 @@ class Result:
 
 
 def analyse_script(label: ScriptLabel, knob_names: Mapping[str, Knob] | None = None) -> Result:
-    text = read_text(label.file)
+    text = read_text(label.file, label.directory)
     files: dict[str, str] = {}
     given: dict[str, str] = {}
     try:
@@ -135,7 +138,7 @@ def analyse_script(label: ScriptLabel, knob_names: Mapping[str, Knob] | None = N
             for path in analysis.files_wanted:
                 corpus = corpus_file_for(label, path)
                 if corpus is not None and path not in files:
-                    files[path] = read_text(corpus)
+                    files[path] = read_text(corpus, label.directory)
                     given[path] = corpus
                     new = True
             if not new:

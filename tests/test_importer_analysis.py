@@ -273,9 +273,9 @@ def test_a_presence_flag_turns_recompute_on() -> None:
 
 
 def test_a_users_mapping_names_a_scripts_own_flag() -> None:
-    body = "srun torchrun train.py --train_batch_size=1 --val_batch_size=2\n"
+    body = "srun torchrun train.py --train_bs=1 --val_batch_size=2\n"
     assert knob(read(body), Knob.MICRO_BATCH).status is Status.NOT_FOUND
-    flag, which = parse_knob_mapping("micro_batch=--train_batch_size")
+    flag, which = parse_knob_mapping("micro_batch=--train_bs")
     mapped = read(body, knob_names={flag: which})
     micro = knob(mapped, Knob.MICRO_BATCH)
     assert micro.value == "1"

@@ -29,6 +29,38 @@ from tests.importer_corpus import (
 
 LABELS = load_labels()
 BY_FILE = {label.file: label for label in LABELS}
+_LLMC = "llm.c's single-letter flags mean nothing outside that program: not guessed"
+_OPEN_CLIP_LOGS = "open_clip's --logs is a log root (checkpoints under <logs>/<name>/checkpoints)"
+# Labelled values the importer leaves unread on purpose (the second held-out set, 046-065): the
+# reading must then be "not found", never a guess.
+UNREAD: dict[tuple[str, Knob], str] = {
+    ("047", Knob.CHECKPOINT_DIR): _OPEN_CLIP_LOGS,
+    ("063", Knob.CHECKPOINT_DIR): _OPEN_CLIP_LOGS,
+    ("049", Knob.GLOBAL_BATCH): "verl's data.train_batch_size counts prompts in PPO",
+    ("060", Knob.NODES): "no --nodes: derived from --ntasks / --ntasks-per-node and --nodelist",
+    **{
+        (file, knob): _LLMC
+        for file in ("054", "060")
+        for knob in (
+            Knob.MICRO_BATCH,
+            Knob.SEQ_LEN,
+            Knob.ZERO_STAGE,
+            Knob.RECOMPUTE,
+            Knob.CHECKPOINT_DIR,
+        )
+    },
+}
+_SOURCED = "`source lumi_config.sh` (not given) may set it: named instead of the launch line"
+# Runtime values reported from another line that makes them runtime too (046-065 labels name the
+# first such line).
+RUNTIME_ELSEWHERE: dict[tuple[str, Knob], str] = {
+    ("046", Knob.NODES): "NUM_NODES=$((NUM_NODES - 1)) when the recipe uses vLLM",
+    ("058", Knob.GRAD_ACCUM): 'GRAD_ACC_STEPS="${BASH_REMATCH[1]}" from --args',
+    **{
+        ("065", knob): _SOURCED
+        for knob in (Knob.MICRO_BATCH, Knob.GRAD_ACCUM, Knob.ZERO_STAGE, Knob.CHECKPOINT_DIR)
+    },
+}
 
 
 @functools.cache
@@ -53,8 +85,8 @@ def all_sites(analysis: Analysis) -> list[Site]:
 
 
 def test_the_labels_follow_their_readme() -> None:
-    assert len(LABELS) == 45
-    assert sum(len(label.knobs) for label in LABELS) == 235
+    assert len(LABELS) == 65
+    assert sum(len(label.knobs) for label in LABELS) == 355
     assert sum(label.derived for label in LABELS) == 18
     for label in LABELS:
         assert (SBATCH_DIR / label.file).is_file()
@@ -88,11 +120,18 @@ def test_every_labelled_value_is_read_right_with_its_line(label: ScriptLabel) ->
     assert outcome.analysis is not None
     for knob in label.knobs:
         reading = outcome.analysis.reading(knob.knob)
+        if (label.file[:3], knob.knob) in UNREAD:
+            assert reading.status is Status.NOT_FOUND, (knob.knob, reading)
+            continue
         assert value_right(knob, reading), (knob.knob, knob.value, reading)
+        if (label.file[:3], knob.knob) in RUNTIME_ELSEWHERE:
+            assert reading.status is Status.RUNTIME
+            assert not line_right(knob, reading, outcome)  # else: drop it from the list
+            continue
         assert line_right(knob, reading, outcome), (knob.knob, knob.line, reading)
 
 
-def test_without_a_users_mapping_only_a_scripts_own_flag_is_missed() -> None:
+def test_without_a_users_mapping_only_the_values_left_unread_are_missed() -> None:
     misses = set()
     for label in LABELS:
         outcome = result(label.file, mapped=False)
@@ -100,7 +139,7 @@ def test_without_a_users_mapping_only_a_scripts_own_flag_is_missed() -> None:
         for knob in label.knobs:
             if not value_right(knob, outcome.analysis.reading(knob.knob)):
                 misses.add((label.file[:3], knob.knob))
-    assert misses == {("003", Knob.MICRO_BATCH)}
+    assert misses == set(UNREAD)
 
 
 @pytest.mark.parametrize("label", LABELS, ids=lambda label: label.file[:3])
@@ -153,6 +192,7 @@ def test_a_new_value_spliced_at_its_place_is_read_back_and_nothing_else_moves(
     outcome = result(label.file)
     assert outcome.analysis is not None
     before = {reading.knob: reading.value for reading in outcome.analysis.knobs}
+    statuses = {reading.knob: reading.status for reading in outcome.analysis.knobs}
     for reading in outcome.analysis.knobs:
         winner = reading.winner
         if reading.knob not in INT_KNOBS or reading.status is not Status.FOUND:
@@ -173,6 +213,10 @@ def test_a_new_value_spliced_at_its_place_is_read_back_and_nothing_else_moves(
             script, name=label.file, files=texts, knob_names=NOTED_MAPPINGS.get(label.file)
         )
         for other in again.knobs:
+            if statuses[other.knob] is Status.RUNTIME:
+                # a run-time expression may name the value (049: `...${SLURM_JOB_NUM_NODES}Nodes`)
+                assert other.status is Status.RUNTIME, (reading.knob, other.knob)
+                continue
             expected = new if other.knob in sharing else before[other.knob]
             assert other.value == expected, (reading.knob, other.knob)
 

@@ -252,7 +252,7 @@ def test_a_knob_mapping_reads_the_scripts_own_flag(tmp_path: Path) -> None:
         document(str(script), "--knob", "micro_batch=--train_batch_size"), Knob.MICRO_BATCH
     )
 
-    assert unmapped["status"] == "not_found"
+    assert (unmapped["status"], unmapped["occurrences"][0]["basis"]) == ("found", "convention")
     assert (mapped["status"], mapped["value"]) == ("found", label.value)
     assert mapped["occurrences"][0]["basis"] == "user"
     assert "    wins: --train_batch_size (your --knob mapping)" in result.stdout

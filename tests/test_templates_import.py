@@ -82,6 +82,23 @@ def test_every_real_script_renders_back_to_its_own_bytes(label: ScriptLabel) -> 
     assert initial_revision(template).script == label_path
 
 
+def moves_another_reading(template: LaunchTemplate, knob: str, after: int) -> bool:
+    """Whether writing `after` at the knob's own places changes what another knob reads (a
+    run-time checkpoint path built on `$SLURM_JOB_NUM_NODES`, which `--nodes` sets)."""
+    assert template.imported is not None
+    managed = template.imported.managed[knob]
+    text = template.imported.text
+    for site in sorted(managed.sites, key=lambda site: site.start, reverse=True):
+        text = text[: site.start] + write_value(after, site) + text[site.end :]
+    again = analyse(text, name=IMPORTED_SCRIPT, knob_names=template.imported.knob_names)
+    before = template.imported.analysis
+    return any(
+        reading.value != before.reading(reading.knob).value
+        for reading in again.knobs
+        if reading.knob is not managed.source
+    )
+
+
 @pytest.mark.parametrize("label", LABELS, ids=lambda label: label.file[:3])
 def test_moving_a_managed_number_changes_only_its_places(label: ScriptLabel) -> None:
     template = corpus_template(label.file, dialect_for(label))
@@ -94,6 +111,12 @@ def test_moving_a_managed_number_changes_only_its_places(label: ScriptLabel) -> 
         assert managed.source in INT_KNOBS
         after = moved(template, knob)
         patch = Patch((KnobChange(knob, template.knobs[knob], after),), "test")
+        if moves_another_reading(template, knob, after):
+            # Another value is built on this one: the change would move it too, so it is
+            # refused rather than written.
+            with pytest.raises(TemplateError, match="moved"):
+                apply_patch(template, first, patch)
+            continue
         revision = apply_patch(template, first, patch)
         assert changed_lines(first.script, revision.script) == {
             site.line.number for site in managed.sites

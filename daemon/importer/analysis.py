@@ -60,6 +60,7 @@ from daemon.importer.vocabulary import (
     CONFIG_SUFFIXES,
     DEEPSPEED_KEYS,
     LAUNCHERS,
+    LIGHTNING_DEEPSPEED_VARIABLE,
     NAMES,
     OVERRIDE_LIST_FLAGS,
     RESUME_NAMES,
@@ -68,6 +69,7 @@ from daemon.importer.vocabulary import (
     LauncherOptions,
     Name,
     launcher_kind,
+    lightning_stage,
     lookup,
     normalise,
 )
@@ -109,6 +111,7 @@ _RANK_CONFIG = 3
 _RANK_ENVIRONMENT = 3
 _RANK_LAUNCHER = 2
 _RANK_TOPOLOGY = 1
+_STRATEGY_KEY = "argument strategy"  # Lightning's deepspeed_stage_N
 # Carriers: a place a knob may be set that the analysis cannot see, most specific first.
 _CARRIER_ORDER = ("deepspeed", "accelerate", "training", "wrapper", "arguments", "program")
 _CARRIER_KNOBS = {
@@ -420,7 +423,18 @@ class _Analyser:
     def _on_call(self, call: Call) -> None:
         launch = self._interpret(call)
         if launch is not None:
+            self._lightning_deepspeed(launch, call)
             self.launches.append(launch)
+
+    def _lightning_deepspeed(self, launch: _LaunchInfo, call: Call) -> None:
+        """Lightning's DeepSpeedStrategy reads its config from PL_DEEPSPEED_CONFIG_PATH, and
+        that config's stage wins over the one the strategy's name gives."""
+        var = launch.env.get(LIGHTNING_DEEPSPEED_VARIABLE)
+        if var is None or not any(found.key == _STRATEGY_KEY for found in launch.found):
+            return
+        self._config(
+            launch, call, var.value, kind="deepspeed", flag=LIGHTNING_DEEPSPEED_VARIABLE, hops=0
+        )
 
     def _on_missing(self, missing: Missing) -> None:
         """A script the job sources or runs that was not given: knobs may be set in it. A
@@ -622,6 +636,7 @@ class _Analyser:
             self._config(
                 launch, call, path, kind="training", flag="--config-path/--config-name", hops=0
             )
+        launch.found[:] = _without_fallbacks(launch.found)
 
     def _positional(self, launch: _LaunchInfo, call: Call, value: Text) -> None:
         plain = value.plain
@@ -644,6 +659,20 @@ class _Analyser:
         use: Text,
     ) -> None:
         components = tuple(normalise(part) for part in path)
+        stage = lightning_stage(value) if components[-1:] == ("strategy",) and value else None
+        if stage is not None:
+            # a default the DeepSpeed config's own stage overrides: ranked below it
+            launch.found.append(
+                self._found(
+                    Name(Knob.ZERO_STAGE, Basis.FRAMEWORK),
+                    stage,
+                    source=display,
+                    rank=_RANK_LAUNCHER,
+                    key=_STRATEGY_KEY,
+                    use=use,
+                )
+            )
+            return
         name = lookup(components, self.users, siblings=siblings)
         if name is None:
             return
@@ -1351,6 +1380,13 @@ def _best_carrier(
     if not carriers:
         return None
     return min(carriers, key=lambda c: _CARRIER_ORDER.index(c.kind))
+
+
+def _without_fallbacks(found: list[_Found]) -> list[_Found]:
+    """A fallback name (Lightning's default_root_dir beside a ModelCheckpoint's dirpath) names
+    another place when a firmer name of its knob is set: it is no copy that must agree."""
+    firm = {f.knob for f in found if not f.name.fallback}
+    return [f for f in found if not (f.name.fallback and f.knob in firm)]
 
 
 def _with_effect(occurrence: Occurrence, effect: Effect) -> Occurrence:

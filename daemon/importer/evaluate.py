@@ -738,6 +738,8 @@ class Evaluator:
         if op in {"len", "other"}:
             return [_Piece(unknown("computed at run time"), split=not quoted, quoted=quoted)]
         value = self._lookup(name, part.index, shell)
+        if value is None and op and name in SLURM_JOB_VARIABLES:
+            value = unknown(_unset_why(name))  # `${SLURM_NNODES:-1}`: the default is never used
         is_set = value is not None and (not op.startswith(":") or value.opaque or bool(value))
         if op == "":
             result = through(value) if value is not None else unknown(_unset_why(name))
@@ -797,6 +799,29 @@ class Evaluator:
                 return var.items[int(index)]
             return Text.unknown(f"${{{name}[{index}]}}", "an array element chosen at run time")
         return var.value
+
+
+# Set by sbatch in every batch job (sbatch(1), OUTPUT ENVIRONMENT VARIABLES), whatever the
+# directives say: a default written for one of them is never what the job reads.
+SLURM_JOB_VARIABLES = frozenset(
+    {
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_JOB_NAME",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NNODES",
+        "SLURM_SUBMIT_DIR",
+        "SLURM_SUBMIT_HOST",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_JOB_PARTITION",
+        "SLURM_JOB_CPUS_PER_NODE",
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+    }
+)
 
 
 @dataclass(frozen=True)

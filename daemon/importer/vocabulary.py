@@ -26,6 +26,24 @@ torchtitan (training.batch_size, training.seq_len, activation_checkpoint.mode,
 checkpoint.folder); Lightning (trainer.accumulate_grad_batches, ModelCheckpoint dirpath);
 accelerate launch (--num_machines, --gradient_accumulation_steps, --zero_stage, --config_file);
 LLaMA-Factory (cutoff_len); BioNeMo (--result-dir, --max-seq-length, --num-nodes, --num-gpus).
+PyTorch Lightning `Trainer` (--accumulate_grad_batches, --default_root_dir: "default path for
+logs and weights when no logger/ckpt_callback passed", so a ModelCheckpoint `dirpath` wins;
+`--strategy deepspeed_stage_N[_offload]`, the registered DeepSpeedStrategy names, and the
+DeepSpeed config its DeepSpeedStrategy reads from PL_DEEPSPEED_CONFIG_PATH:
+lightning/pytorch/strategies/deepspeed.py); LightningCLI's `--trainer.*`/`--data.*`/`--model.*`
+flags are dotted paths read by their last component like any override. verl (docs/examples/
+config.rst and trainer/config/sft_trainer.yaml: data.micro_batch_size_per_gpu,
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, model.enable_gradient_checkpointing,
+trainer.default_local_dir; its data.train_batch_size counts prompts in PPO and samples in SFT,
+so it is not read).
+Conventions of common argparse training scripts (CONVENTION): timm train.py (--batch-size,
+--validation-batch-size, --grad-checkpointing, --grad-accum-steps, --workers); open_clip
+params.py (--batch-size, --accum-freq, --grad-checkpointing, --workers); MAE main_pretrain.py
+(--accum_iter); diffusers examples (--train_batch_size "per device", --gradient_checkpointing,
+--output_dir); Fengshenbang-LM UniversalDataModule / UniversalCheckpoint (--train_batchsize,
+--val_batchsize, --valid_batchsize, --test_batchsize, --dataloader_workers, --dirpath,
+--save_ckpt_path, --load_ckpt_path). llm.c's single-letter flags (-b, -t, -z, -r, -o) are
+not read: a letter means nothing outside its program.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from daemon.importer.records import Basis, Knob
+from daemon.importer.values import Text
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,7 @@ class Name:
     rank: int = 0  # among names of one knob in one place, the lower rank wins
     presence: bool = False  # a flag whose presence alone means "on"
     topology: bool = False  # a launcher's or framework's copy of nodes / GPUs per node
+    fallback: bool = False  # used only when no other name of its knob is set: not a copy of it
 
 
 F, C = Basis.FRAMEWORK, Basis.CONVENTION
@@ -56,6 +76,7 @@ NAMES: dict[str, Name] = {
     "device_train_microbatch_size": Name(K.MICRO_BATCH, F),
     "train_micro_batch_size_per_gpu": Name(K.MICRO_BATCH, F),
     "micro_train_batch_size": Name(K.MICRO_BATCH, F),  # OpenRLHF
+    "micro_batch_size_per_gpu": Name(K.MICRO_BATCH, F, rank=1),  # verl data.*
     "batch_size_training": Name(K.MICRO_BATCH, F),  # llama-recipes
     "local_batch_size": Name(K.MICRO_BATCH, F, rank=1),  # torchtitan
     "per_gpu_train_batch_size": Name(K.MICRO_BATCH, F, rank=1),  # HF before 3.0
@@ -63,6 +84,7 @@ NAMES: dict[str, Name] = {
     "batch_size_per_device": Name(K.MICRO_BATCH, C, rank=2),
     "per_gpu_batch_size": Name(K.MICRO_BATCH, C, rank=2),
     "device_batch_size": Name(K.MICRO_BATCH, C, rank=3),
+    "train_batchsize": Name(K.MICRO_BATCH, C, rank=3),  # Fengshenbang
     "batch_size": Name(K.MICRO_BATCH, C, rank=5),
     # gradient accumulation
     "gradient_accumulation_steps": Name(K.GRAD_ACCUM, F),
@@ -80,6 +102,8 @@ NAMES: dict[str, Name] = {
     "accumulation_steps": Name(K.GRAD_ACCUM, C, rank=2),
     "accum_steps": Name(K.GRAD_ACCUM, C, rank=2),
     "accum": Name(K.GRAD_ACCUM, C, rank=3),
+    "accum_freq": Name(K.GRAD_ACCUM, C, rank=2),  # open_clip
+    "accum_iter": Name(K.GRAD_ACCUM, C, rank=2),  # MAE
     "accumulate": Name(K.GRAD_ACCUM, C, rank=3),
     # global batch
     "global_batch_size": Name(K.GLOBAL_BATCH, F),
@@ -127,6 +151,8 @@ NAMES: dict[str, Name] = {
     "use_gradient_checkpointing": Name(K.RECOMPUTE, C, rank=2),
     "use_gradient_checkpoint": Name(K.RECOMPUTE, C, rank=2),
     "gradient_checkpoint": Name(K.RECOMPUTE, C, rank=2),
+    "enable_gradient_checkpointing": Name(K.RECOMPUTE, F),  # verl model.*
+    "grad_checkpointing": Name(K.RECOMPUTE, C, rank=2, presence=True),  # timm, open_clip
     "grad_ckpt": Name(K.RECOMPUTE, C, rank=2),
     "grad_checkpoint": Name(K.RECOMPUTE, C, rank=2),
     "recompute": Name(K.RECOMPUTE, C, rank=3),
@@ -148,6 +174,9 @@ NAMES: dict[str, Name] = {
     "outdir": Name(K.CHECKPOINT_DIR, C, rank=4),
     "exp_dir": Name(K.CHECKPOINT_DIR, C, rank=5),
     "checkpoint_path": Name(K.CHECKPOINT_DIR, C, rank=4),
+    "default_local_dir": Name(K.CHECKPOINT_DIR, F),  # verl trainer.*
+    "default_root_dir": Name(K.CHECKPOINT_DIR, F, rank=4, fallback=True),  # Lightning
+    "save_ckpt_path": Name(K.CHECKPOINT_DIR, C, rank=2),
     # topology copies
     "num_nodes": Name(K.NODES, F, topology=True),
     "nnodes": Name(K.NODES, F, topology=True),
@@ -168,10 +197,18 @@ PATHS: dict[tuple[str, ...], Name] = {
     ("ckpt", "dir"): Name(K.CHECKPOINT_DIR, C, rank=2),
     ("checkpoint", "dir"): Name(K.CHECKPOINT_DIR, C, rank=2),
     ("init_args", "dirpath"): Name(K.CHECKPOINT_DIR, F),
+    ("actor", "ppo_micro_batch_size_per_gpu"): Name(K.MICRO_BATCH, F),  # verl PPO/GRPO/RLOO
 }
 # Key paths that look like a knob but are not one (torchtune's checkpointer.checkpoint_dir is
 # where the weights are read from).
-IGNORED_PATHS = frozenset({("checkpointer", "checkpoint_dir"), ("checkpointer", "output_dir")})
+# verl's reward_model.micro_batch_size_per_gpu is an inference batch, not the training one.
+IGNORED_PATHS = frozenset(
+    {
+        ("checkpointer", "checkpoint_dir"),
+        ("checkpointer", "output_dir"),
+        ("reward_model", "micro_batch_size_per_gpu"),
+    }
+)
 # Names that never mean a knob whatever their last component says.
 IGNORED = frozenset(
     {
@@ -189,9 +226,13 @@ _EVAL_NAMES: dict[str, Name] = {
     "device_eval_batch_size": Name(K.EVAL_BATCH, F),
     "eval_batch_size": Name(K.EVAL_BATCH, C, rank=1),
     "val_batch_size": Name(K.EVAL_BATCH, C, rank=1),
+    "val_batchsize": Name(K.EVAL_BATCH, C, rank=1),
+    "valid_batchsize": Name(K.EVAL_BATCH, C, rank=1),
+    "validation_batch_size": Name(K.EVAL_BATCH, C, rank=1),  # timm
     "valid_batch_size": Name(K.EVAL_BATCH, C, rank=1),
     "eval_micro_batch_size": Name(K.EVAL_BATCH, F),
     "test_batch_size": Name(K.EVAL_BATCH, C, rank=2),
+    "test_batchsize": Name(K.EVAL_BATCH, C, rank=2, fallback=True),
 }
 NAMES.update(_EVAL_NAMES)
 
@@ -221,6 +262,7 @@ RESUME_NAMES = frozenset(
         "ckpt_load_path",
         "resume_from",
         "load_checkpoint",
+        "load_ckpt_path",
     }
 )
 
@@ -247,6 +289,10 @@ def lookup(
         name = PATHS.get(path[-length:]) if len(path) >= length else None
         if name is not None:
             return name
+    if last == "train_batch_size":
+        return _train_batch_size(path, siblings)
+    if last == "dirpath":  # a ModelCheckpoint's own flag; under another parent it is unknown
+        return Name(K.CHECKPOINT_DIR, C, rank=2) if len(path) == 1 else None
     name = NAMES.get(last)
     if name is None:
         return None
@@ -255,9 +301,25 @@ def lookup(
             return Name(K.GLOBAL_BATCH, C, rank=5)
         if any(_EVAL_PARENTS.search(part) for part in path[:-1]):
             return Name(K.EVAL_BATCH, C, rank=2)
-    if last == "dirpath" or (last == "mode" and len(path) == 1):
+    if last == "mode" and len(path) == 1:
         return None
     return name
+
+
+_MICRO_SIBLINGS = frozenset(
+    {"micro_train_batch_size", "micro_batch_size", "train_micro_batch_size_per_gpu"}
+)
+
+
+def _train_batch_size(path: tuple[str, ...], siblings: frozenset[str]) -> Name | None:
+    """`--train_batch_size` is per device in diffusers' and most argparse scripts, but the
+    global batch beside a micro-batch flag (OpenRLHF, DeepSpeed), and a prompt count under
+    verl's `data.`: read only as a flag or top-level key, and never under a parent."""
+    if len(path) != 1:
+        return None
+    if siblings & _MICRO_SIBLINGS:
+        return Name(K.GLOBAL_BATCH, C, rank=3)
+    return Name(K.MICRO_BATCH, C, rank=3)
 
 
 # ---------------------------------------------------------------- launchers
@@ -435,3 +497,16 @@ TRAINING = re.compile(
     re.IGNORECASE,
 )
 ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+LIGHTNING_DEEPSPEED_VARIABLE = "PL_DEEPSPEED_CONFIG_PATH"  # DeepSpeedStrategy.DEEPSPEED_ENV_VAR
+# Lightning's registered DeepSpeed strategies: deepspeed_stage_1, _2, _2_offload, _3, _3_offload,
+# _3_offload_nvme (lightning/pytorch/strategies/deepspeed.py, register_strategies).
+_LIGHTNING_STAGE = re.compile(
+    r"(?P<quote>['\"]?)deepspeed_stage_(?P<stage>[0-9])(?:_offload(?:_nvme)?)?(?P=quote)\Z"
+)
+
+
+def lightning_stage(value: Text) -> Text | None:
+    """The ZeRO stage inside a Lightning strategy name: the digit of `deepspeed_stage_2_offload`,
+    with its place, so a change rewrites only the digit (or the variable it came from)."""
+    match = _LIGHTNING_STAGE.match(value.plain)
+    return value.slice(match.start("stage"), match.end("stage")) if match else None
