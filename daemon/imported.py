@@ -14,19 +14,32 @@ where the script lacks them, at the places the analysis found safe: exports afte
 header, one `#SBATCH --exclude` line, and the dialect's resume flag at the end of the training
 command's arguments.
 
+A knob whose value lives in a config file the script names by a path (`--deepspeed_config
+ds.json`, an accelerate or training YAML) is managed through a copy of that file kept in the
+template (`configs/<name>`, taken at import): the daemon never writes a user's file. A change
+is written into the copy, and the rendered script writes the patched copy itself, at run time
+and as the job's user (a quoted heredoc after the #SBATCH header, into `$HOME/.slurm-medic/
+<hash>/`, a directory every node sees and the job's user may write whoever submits it: a
+relaunch's sbatch runs from the daemon's directory, so `$SLURM_SUBMIT_DIR` is not the job's),
+and names that path where it named the original. Where the path cannot be rewritten (assembled
+from pieces, written inside another file or in quotes that do not expand) or the heredoc's
+delimiter occurs in the text, the knob is not managed.
+
 Rendering splices: each changed knob's new value is written over its sites (formatted for the
 way the text there is read), the insertions are added, and the result is analysed again to
 check that the new values read back and nothing else moved. With no change, the script comes
-back byte for byte.
+back byte for byte (a config's original file stays in use).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import posixpath
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -46,8 +59,9 @@ from daemon.importer import (
     Status,
     analyse,
 )
-from daemon.importer.records import CONFIG_FORMS
+from daemon.importer.records import CONFIG_FORMS, ConfigUse
 from daemon.importer.vocabulary import ALLOC_CONF_VARIABLES, RESUME_NAMES, normalise
+from daemon.owner_files import MAX_TEMPLATE_CONFIG_BYTES, MAX_TEMPLATE_CONFIGS
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import expand_hostlist
 
@@ -56,6 +70,12 @@ IMPORTED_SCRIPT: Final = "job.sbatch"
 CHECKPOINT_KEY: Final = "checkpoint_dir"
 KNOB_NAMES_TABLE: Final = "knob_names"
 ELSEWHERE_TABLE: Final = "not_managed"
+CONFIGS_TABLE: Final = "configs"  # the path the script names -> its copy in the template
+CONFIGS_DIR: Final = "configs"
+COPY_DELIMITER: Final = "SLURM_MEDIC_EOF"
+# Where a patched copy is written at run time: the job's user's home, which every node of a
+# cluster sees; the hash of the copies names the directory, so a revision's copy is its own.
+COPY_ROOT: Final = "$HOME/.slurm-medic"
 
 # What each importer knob means to a dialect: the role its knob plays.
 ROLE_OF: Final[Mapping[Knob, Role]] = {
@@ -83,6 +103,10 @@ _YAML_PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./:@%+,-]*\Z")
 _YAML_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "null", "~", "y", "n"})
 _BOOL_STYLES = (("True", "False"), ("TRUE", "FALSE"), ("1", "0"), ("yes", "no"), ("on", "off"))
 _NO_COUNTERPART = "slurm-medic does not read it in an imported script"
+_COPY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+_NOT_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+# Where the path to a copy can be written: `$HOME` must expand there, once, in this shell.
+_PATH_FORMS = frozenset({Form.SHELL_WORD, Form.DOUBLE_QUOTED})
 
 
 class SpliceError(ValueError):
@@ -110,6 +134,26 @@ class Managed:
     sites: tuple[Site, ...] = ()  # SITES: the winning place and its mirrors
     presence: bool = False  # one of the sites is a flag whose presence means true
     flag: str = ""  # RESUME_FLAG: the flag; RESUME_ENV: the variable
+    through: tuple[str, ...] = ()  # SITES: config files changed through the template's copy
+
+
+@dataclass(frozen=True)
+class ConfigCopy:
+    """A config file the script names, as the template keeps it."""
+
+    path: str  # as the analysis names it (the script's path, relative to the submit dir)
+    copy: str  # the file in the template directory: `configs/<name>`
+    text: str
+
+
+@dataclass(frozen=True)
+class CarriedConfig:
+    """A kept config and whether a change can reach the run through it: the places the script
+    writes its path (each replaced by the patched copy's), or why it cannot."""
+
+    config: ConfigCopy
+    path_sites: tuple[Site, ...]
+    why_not: str  # empty when a patched copy can replace the original
 
 
 @dataclass(frozen=True)
@@ -125,6 +169,7 @@ class ImportedScript:
     values: Mapping[str, KnobValue]  # the script's values; placeholders for knobs not managed
     env_sites: Mapping[str, Site]  # allocator variable -> the place its value is written
     checkpoint_dir: str | None  # given with --checkpoint-dir
+    configs: Mapping[str, CarriedConfig]  # the path the script names -> its kept copy
 
     def line_of(self, knob: str) -> Line | None:
         managed = self.managed.get(knob)
@@ -139,12 +184,16 @@ def read_imported(
     knob_names: Mapping[str, Knob],
     elsewhere: Mapping[Knob, str],
     checkpoint_dir: str | None,
+    configs: Sequence[ConfigCopy] = (),
 ) -> ImportedScript:
-    """Analyse the script and decide, knob by knob, what is managed and how."""
+    """Analyse the script (with the config copies the template keeps, under the paths the
+    script names) and decide, knob by knob, what is managed and how."""
+    files = {config.path: config.text for config in configs}
     try:
-        analysis = analyse(text, name=file, knob_names=knob_names)
+        analysis = analyse(text, name=file, files=files, knob_names=knob_names)
     except ImporterError as error:
         raise SpliceError(f"the script cannot be analysed: {error}") from error
+    carried = {config.path: _carried(config, analysis, text=text, file=file) for config in configs}
     managed: dict[str, Managed] = {}
     not_managed: dict[str, str] = {}
     values: dict[str, KnobValue] = {}
@@ -159,6 +208,7 @@ def read_imported(
                 source=source,
                 file=file,
                 elsewhere=elsewhere,
+                carried=carried,
             )
             if isinstance(outcome, str):
                 not_managed[spec.name] = outcome
@@ -186,6 +236,7 @@ def read_imported(
         values=values,
         env_sites=env_sites,
         checkpoint_dir=checkpoint_dir,
+        configs=carried,
     )
 
 
@@ -230,6 +281,7 @@ def _site_knob(
     source: Knob,
     file: str,
     elsewhere: Mapping[Knob, str],
+    carried: Mapping[str, CarriedConfig],
 ) -> tuple[Managed, KnobValue] | str:
     """The knob managed at the places the analysis found it, or why it is not managed."""
     if source in elsewhere:
@@ -242,6 +294,7 @@ def _site_knob(
     if reading.status is Status.INVALID:
         return f"written as {reading.value!r}, which it cannot take ({reading.reason})"
     sites: list[Site] = []
+    through: list[str] = []
     presence = False
     for occurrence in reading.occurrences:
         if occurrence.effect is Effect.OVERRIDDEN:
@@ -256,13 +309,22 @@ def _site_knob(
         if occurrence.site is None:
             return f"the value from {where} is assembled from pieces, not written in one place"
         if occurrence.site.file != file:
-            return f"the value from {where} lives in {occurrence.site.file}, not in the script"
+            config = carried.get(occurrence.site.file)
+            if config is None:
+                return f"the value from {where} lives in {occurrence.site.file}, not in the script"
+            if config.why_not:
+                return f"the value from {where} lives in {config.config.path}: {config.why_not}"
+            through.append(config.config.path)
         presence = presence or occurrence.presence
         sites.append(occurrence.site)
     value = _typed(dialect, knob, reading.value or "")
     if isinstance(value, str) and value.startswith("\0"):
         return value[1:]
     where = ", ".join(f"{site.file}:{site.line.number}" for site in dict.fromkeys(sites))
+    copies = tuple(dict.fromkeys(through))
+    if copies:
+        kept = ", ".join(carried[path].config.copy for path in copies)
+        where += f" (through the template's copy, {kept}, which the script writes when changed)"
     managed = Managed(
         knob,
         Writing.SITES,
@@ -270,8 +332,41 @@ def _site_knob(
         source=source,
         sites=tuple(dict.fromkeys(sites)),
         presence=presence,
+        through=copies,
     )
     return managed, value
+
+
+def _carried(config: ConfigCopy, analysis: Analysis, *, text: str, file: str) -> CarriedConfig:
+    """Whether a patched copy of `config` can stand for it: every place the script names it
+    rewritten to the copy's path, the copy written by a quoted heredoc."""
+    uses = [use for use in analysis.config_uses if use.file == config.path]
+    sites: list[Site] = []
+    why = "" if uses else "the script does not name it where a command reads it"
+    for use in uses:
+        why = why or _path_problem(use, file)
+        if use.site is not None:
+            sites.append(use.site)
+    if not why and COPY_DELIMITER in config.text:
+        why = f"its text holds {COPY_DELIMITER}, which would end the heredoc that writes the copy"
+    if not why and "\r\n" in text:
+        why = "the script's lines end in CRLF: bash would not find the end of the copy's heredoc"
+    return CarriedConfig(config, tuple(dict.fromkeys(sites)), why)
+
+
+def _path_problem(use: ConfigUse, file: str) -> str:
+    """Why the place that names a config cannot name its copy instead; empty when it can."""
+    site = use.site
+    if site is None:
+        return f"its path ({use.source}) is assembled from pieces, not written in one place"
+    if site.file != file:
+        return f"its path ({use.source}) is written in {site.file}, not in the script"
+    if site.form not in _PATH_FORMS:
+        return (
+            f"its path ({use.source}) is written as {site.form.value} text, where the copy's "
+            "path cannot be written safely"
+        )
+    return ""
 
 
 def _unshare(
@@ -460,6 +555,7 @@ def splice(dialect: Dialect, imported: ImportedScript, knobs: Knobs) -> str:
     if not changed:
         return imported.text
     edits: list[tuple[int, int, str]] = []
+    config_edits: dict[str, list[tuple[int, int, str]]] = {}  # config path -> its copy's edits
     header: list[str] = []  # lines added after the #SBATCH header, in this order
     arguments: list[str] = []  # words added at the end of the training command
     for name in (spec.name for spec in dialect.knobs):
@@ -468,9 +564,12 @@ def splice(dialect: Dialect, imported: ImportedScript, knobs: Knobs) -> str:
         managed = imported.managed[name]
         value = changed[name]
         if managed.writing is Writing.SITES:
-            edits += [
-                (s.start, s.end, write_value(value, s, managed.presence)) for s in managed.sites
-            ]
+            for site in managed.sites:
+                edit = (site.start, site.end, write_value(value, site, managed.presence))
+                if site.file == imported.file:
+                    edits.append(edit)
+                else:
+                    config_edits.setdefault(site.file, []).append(edit)
         elif managed.writing is Writing.ENV:
             edits += _env_edits(imported, imported.values[name], value, header)
         elif managed.writing is Writing.EXCLUDE:
@@ -485,6 +584,10 @@ def splice(dialect: Dialect, imported: ImportedScript, knobs: Knobs) -> str:
             arguments += [managed.flag, str(value)]
     text = imported.text
     newline = "\r\n" if "\r\n" in text else "\n"
+    if config_edits:
+        copies, path_edits = _config_copies(imported, config_edits)
+        header += copies
+        edits += path_edits
     if header:
         insertion = imported.analysis.env_insertion
         assert insertion.offset is not None  # managed only where there is a place
@@ -498,6 +601,39 @@ def splice(dialect: Dialect, imported: ImportedScript, knobs: Knobs) -> str:
     if problems:
         raise SpliceError("the change does not read back as written: " + "; ".join(problems))
     return script
+
+
+def _config_copies(
+    imported: ImportedScript, config_edits: Mapping[str, list[tuple[int, int, str]]]
+) -> tuple[list[str], list[tuple[int, int, str]]]:
+    """The lines that write each patched config's copy at run time, and the edits that make the
+    script name the copy where it named the original."""
+    patched = {
+        path: _apply(imported.configs[path].config.text, edits)
+        for path, edits in sorted(config_edits.items())
+    }
+    digest = hashlib.sha256(json.dumps(sorted(patched.items())).encode()).hexdigest()[:16]
+    directory = f"{COPY_ROOT}/{digest}"
+    lines = [
+        "# slurm-medic: patched copies of config files this script names (the originals are "
+        "not changed)",
+        f'mkdir -p "{directory}" || exit 1',
+    ]
+    edits: list[tuple[int, int, str]] = []
+    for path, text in patched.items():
+        carried = imported.configs[path]
+        if COPY_DELIMITER in text:
+            raise SpliceError(
+                f"not managed: the patched {path} holds {COPY_DELIMITER}, which would end the "
+                "heredoc that writes it"
+            )
+        target = f"{directory}/{posixpath.basename(carried.config.copy)}"
+        body = text if text.endswith("\n") else text + "\n"
+        lines.append(f"cat > \"{target}\" <<'{COPY_DELIMITER}' || exit 1\n{body}{COPY_DELIMITER}")
+        for site in carried.path_sites:
+            written = f'"{target}"' if site.form is Form.SHELL_WORD else target
+            edits.append((site.start, site.end, written))
+    return lines, edits
 
 
 def _env_edits(
@@ -640,8 +776,9 @@ def check_rendered(
 ) -> list[str]:
     """What is wrong with a rendered script: a changed knob that does not read back as its new
     value, or anything else the analysis reads that moved. Empty when the render is right."""
+    files = {path: carried.config.text for path, carried in imported.configs.items()}
     try:
-        again = analyse(script, name=imported.file, knob_names=imported.knob_names)
+        again = analyse(script, name=imported.file, files=files, knob_names=imported.knob_names)
     except ImporterError as error:
         return [f"the rendered script cannot be analysed: {error}"]
     expected = {reading.knob: reading.value for reading in imported.analysis.knobs}
@@ -727,6 +864,7 @@ def imported_toml(
     knob_names: Mapping[str, Knob],
     elsewhere: Mapping[Knob, str],
     checkpoint_dir: str | None,
+    configs: Sequence[ConfigCopy] = (),
 ) -> str:
     """The `template.toml` of an imported template (TOML basic strings are JSON strings)."""
     lines = [
@@ -741,19 +879,22 @@ def imported_toml(
     lines += [f"{json.dumps(flag)} = {json.dumps(knob.value)}" for flag, knob in knob_names.items()]
     lines += ["", f"[{ELSEWHERE_TABLE}]"]
     lines += [f"{knob.value} = {json.dumps(why)}" for knob, why in elsewhere.items()]
+    lines += ["", f"[{CONFIGS_TABLE}]"]
+    lines += [f"{json.dumps(config.path)} = {json.dumps(config.copy)}" for config in configs]
     return "\n".join(lines) + "\n"
 
 
-def elsewhere_of(analysis: Analysis, file: str) -> dict[Knob, str]:
-    """Knobs with a copy in another file the script names: changing the script's copy alone
-    would make the two disagree, so they are recorded as not managed at import."""
+def elsewhere_of(analysis: Analysis, file: str, kept: Collection[str] = ()) -> dict[Knob, str]:
+    """Knobs with a copy in another file the script names that the template does not keep
+    (`kept`: config paths): changing the script's copy alone would make the two disagree, so
+    they are recorded as not managed at import."""
     result: dict[Knob, str] = {}
     for reading in analysis.knobs:
         for occurrence in reading.occurrences:
             if occurrence.effect is Effect.OVERRIDDEN:
                 continue
             sites = [s for s in (occurrence.site, *occurrence.pieces) if s is not None]
-            other = next((s for s in sites if s.file != file), None)
+            other = next((s for s in sites if s.file not in (file, *kept)), None)
             if other is not None:
                 result[reading.knob] = (
                     f"set by {occurrence.source}, line {other.line.number} of {other.file}: "
@@ -761,3 +902,37 @@ def elsewhere_of(analysis: Analysis, file: str) -> dict[Knob, str]:
                 )
                 break
     return result
+
+
+def config_copies(analysis: Analysis, file: str, texts: Mapping[str, str]) -> list[ConfigCopy]:
+    """The config files an import keeps (read with the script: `texts`, path -> text): each one
+    the script itself names, under a name of its own in the template's `configs/`, as many as
+    the owner's reader will read back (the others stay files the template does not keep)."""
+    copies: list[ConfigCopy] = []
+    taken: set[str] = set()
+    size = 0
+    for use in analysis.config_uses:
+        path = use.file
+        named_here = any(site.file == file for site in (use.site, *use.pieces) if site)
+        kept = any(copy.path == path for copy in copies)
+        if kept or not named_here or path not in texts or len(copies) >= MAX_TEMPLATE_CONFIGS:
+            continue
+        length = len(texts[path].encode("utf-8", "surrogateescape"))
+        if size + length > MAX_TEMPLATE_CONFIG_BYTES:
+            continue
+        size += length
+        name = _NOT_NAME_CHARS.sub("_", posixpath.basename(path)).lstrip("._-")[:100] or "config"
+        unique = name
+        for number in itertools.count(2):
+            if unique not in taken:
+                break
+            unique = f"{number}-{name}"
+        taken.add(unique)
+        copies.append(ConfigCopy(path, f"{CONFIGS_DIR}/{unique}", texts[path]))
+    return copies
+
+
+def copy_name_ok(copy: str) -> bool:
+    """Whether `copy` is a file a template may keep a config as: `configs/<plain name>`."""
+    directory, _, name = copy.partition("/")
+    return directory == CONFIGS_DIR and bool(_COPY_NAME.match(name))

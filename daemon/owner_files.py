@@ -81,6 +81,10 @@ MAX_TAIL_BYTES = 16 * 1024 * 1024  # what `read_tail` hands over, base64 in one 
 MAX_SCAN_BYTES = 1024**4
 TEMPLATE_FILE = "template.toml"
 MAX_TEMPLATE_FILE_BYTES = 1_000_000  # template.toml and its script: real ones are a few KB
+# Config files an imported template keeps (`[configs]`: a DeepSpeed JSON, a YAML), each under
+# the file cap, all of them under the total: the answer carries them as JSON text.
+MAX_TEMPLATE_CONFIGS = 8
+MAX_TEMPLATE_CONFIG_BYTES = 2_000_000
 MAX_SYMLINKS = 40  # the kernel's own limit on links in one lookup
 MAX_DEPTH = 64  # directories held open by one walk (each is a descriptor)
 CHILD_MEMORY_BYTES = 1024**3
@@ -182,11 +186,13 @@ class Owner:
 
 @dataclass(frozen=True)
 class TemplateTexts:
-    """A template directory as its owner could read it: `template.toml` and its script."""
+    """A template directory as its owner could read it: `template.toml`, its script, and the
+    config files an imported template keeps (file in the directory -> text)."""
 
     directory: str
     toml_text: str
     script_text: str
+    configs: tuple[tuple[str, str], ...] = ()
 
 
 def job_tree(path: str, work_dir: str | None) -> str:
@@ -273,13 +279,18 @@ class OwnerFiles:
             raise self._failed(spec.root, f"unreadable scan from the reader: {error}") from error
 
     def read_template(self, directory: str) -> TemplateTexts:
-        """`template.toml` and the script it names, both read in the template's directory."""
+        """`template.toml`, the script and the config files it names, all read in the
+        template's directory."""
         answer = self._ask({"op": "read_template", "path": directory, "tree": directory})
         texts = [answer.get(key) if isinstance(answer, dict) else None for key in _TEXT_KEYS]
-        if not all(isinstance(text, str) for text in texts):
+        configs = answer.get("configs", {}) if isinstance(answer, dict) else None
+        if not all(isinstance(text, str) for text in texts) or not isinstance(configs, dict):
             raise self._failed(directory, "the reader did not return the template's texts")
+        if not all(isinstance(text, str) for text in configs.values()):
+            raise self._failed(directory, "the reader did not return the configs' texts")
         toml_text, script_text = (str(text) for text in texts)
-        return TemplateTexts(directory, toml_text, script_text)
+        kept = tuple((str(name), str(text)) for name, text in configs.items())
+        return TemplateTexts(directory, toml_text, script_text, kept)
 
     def _ask(self, request: dict[str, Any]) -> Any:
         if not self.drop_privileges:
@@ -464,9 +475,9 @@ def _find_last_good(request: dict[str, Any], tree: str, *, as_owner: bool) -> Ch
         os.close(opened.fd)
 
 
-def _read_template(directory: str, *, as_owner: bool) -> dict[str, str]:
-    """Both files in one walk of the template's tree; the script's name comes from the TOML,
-    so the TOML is parsed here too, by the owner's child."""
+def _read_template(directory: str, *, as_owner: bool) -> dict[str, Any]:
+    """Every file in one walk of the template's tree; the script's name (and the kept configs')
+    comes from the TOML, so the TOML is parsed here too, by the owner's child."""
     with _opened_tree(directory, as_owner=as_owner) as root:
         toml_path = f"{directory.rstrip('/')}/{TEMPLATE_FILE}"
         toml_text = _decode(_read_file(root, TEMPLATE_FILE, "template.toml"), toml_path)
@@ -486,8 +497,42 @@ def _read_template(directory: str, *, as_owner: bool) -> dict[str, str]:
         if b"\0" in raw:
             raise _Refuse(RefusalKind.UNUSABLE, f"{script_path} is not a script (binary)")
         if document.get("imported") is True:  # the user's own script, kept byte for byte
-            return {"toml": toml_text, "script": raw.decode("utf-8", "surrogateescape")}
+            return {
+                "toml": toml_text,
+                "script": raw.decode("utf-8", "surrogateescape"),
+                "configs": _read_configs(root, directory, document.get("configs", {})),
+            }
         return {"toml": toml_text, "script": _decode(raw, script_path)}
+
+
+def _read_configs(root: _Tree, directory: str, table: object) -> dict[str, str]:
+    """The config files an imported template keeps (`[configs]`: path -> file), read as its
+    script is: inside the directory, capped, text only, bytes that are not UTF-8 kept."""
+    if not isinstance(table, dict):
+        raise _Refuse(RefusalKind.UNUSABLE, "template.toml: [configs] must be a table")
+    if len(table) > MAX_TEMPLATE_CONFIGS:
+        raise _Refuse(
+            RefusalKind.UNUSABLE, f"[configs] names more than {MAX_TEMPLATE_CONFIGS} files"
+        )
+    texts: dict[str, str] = {}
+    total = 0
+    for name in table.values():
+        if not isinstance(name, str) or not name:
+            raise _Refuse(RefusalKind.UNUSABLE, "[configs] values must be non-empty strings")
+        if name.startswith("/") or ".." in name.split("/"):
+            raise _Refuse(RefusalKind.OUTSIDE, f"config {name!r} must be a file inside {directory}")
+        raw = _read_file(root, name, "config")
+        total += len(raw)
+        if total > MAX_TEMPLATE_CONFIG_BYTES:
+            raise _Refuse(
+                RefusalKind.TOO_LARGE,
+                f"the configs are over {MAX_TEMPLATE_CONFIG_BYTES} bytes together",
+                errno.EFBIG,
+            )
+        if b"\0" in raw:
+            raise _Refuse(RefusalKind.UNUSABLE, f"{directory.rstrip('/')}/{name} is binary")
+        texts[name] = raw.decode("utf-8", "surrogateescape")
+    return texts
 
 
 def _read_file(root: _Tree, name: str, what: str) -> bytes:

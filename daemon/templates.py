@@ -2,10 +2,12 @@
 
 A template is a directory holding `template.toml` (name, dialect, knobs, env, sbatch options,
 free variables, checkpoint layout) and a Jinja2 sbatch script, or, for a template imported from
-an existing script (`imported = true`), that script verbatim: its knobs are read from it, and a
-render splices changed values where the script writes them (`daemon.imported`). The directory
-is the user's: the daemon reads it as its owner through `daemon.owner_files` (regular files
-inside the directory, 1 MB each at most), the CLI as the caller, through the same walk.
+an existing script (`imported = true`), that script verbatim and copies of the config files it
+names (`[configs]`, under `configs/`): its knobs are read from them, and a render splices
+changed values where the script writes them, a config's through a patched copy the script
+writes (`daemon.imported`). The directory is the user's: the daemon reads it as its owner
+through `daemon.owner_files` (regular files inside the directory, 1 MB each at most), the CLI as
+the caller, through the same walk.
 
 Rendering runs in a sandbox with undefined names as errors, and a finalizer that refuses any
 string not proven shell-safe: a job name or a path reaches the script only through the `sh`
@@ -50,12 +52,15 @@ from daemon.dialects import get_dialect
 from daemon.dialects.base import Dialect, KnobError, KnobKind, Knobs, KnobValue, Role
 from daemon.imported import (
     CHECKPOINT_KEY,
+    CONFIGS_TABLE,
     ELSEWHERE_TABLE,
     IMPORTED_KEY,
     KNOB_NAMES_TABLE,
+    ConfigCopy,
     ImportedScript,
     SpliceError,
     checkpoint_of,
+    copy_name_ok,
     invariant_terms,
     read_imported,
     splice,
@@ -317,15 +322,20 @@ def invariant_known(dialect: Dialect, not_managed: Mapping[str, str]) -> bool:
 
 
 def parse_template(
-    document: Mapping[str, object], script_source: str, directory: Path | None = None
+    document: Mapping[str, object],
+    script_source: str,
+    directory: Path | None = None,
+    configs: Mapping[str, str] | None = None,
 ) -> LaunchTemplate:
-    """Build a template from its parsed TOML document and its Jinja2 script text."""
+    """Build a template from its parsed TOML document and its Jinja2 script text (and, for an
+    imported one, the texts of the configs it keeps: file in the directory -> text)."""
     name = _required_str(document, "name")
     if len(name) > MAX_NAME_CHARS:
         raise TemplateError(f"template name longer than {MAX_NAME_CHARS} characters")
     dialect = get_dialect(_required_str(document, "dialect"))
     if document.get(IMPORTED_KEY) is True:
-        return _parse_imported(document, name, dialect, script_source, directory)
+        kept = _config_copies(name, _table(document, CONFIGS_TABLE), configs or {})
+        return _parse_imported(document, name, dialect, script_source, directory, configs=kept)
     knobs_raw = dict(_table(document, "knobs"))
     if "env" in knobs_raw:
         raise TemplateError("put environment variables in the [env] table, not under [knobs]")
@@ -361,9 +371,12 @@ def _parse_imported(
     dialect: Dialect,
     script_source: str,
     directory: Path | None,
+    *,
+    configs: tuple[ConfigCopy, ...],
 ) -> LaunchTemplate:
-    """An imported template: the script is analysed again; the TOML adds only the owner's
-    flag mapping, knobs recorded at import as living in other files, and a checkpoint dir."""
+    """An imported template: the script is analysed again, with the configs it keeps; the TOML
+    adds only the owner's flag mapping, knobs recorded at import as living in other files, the
+    kept configs and a checkpoint dir."""
     extra = sorted(set(document) - _IMPORTED_KEYS)
     if extra:
         raise TemplateError(
@@ -392,6 +405,7 @@ def _parse_imported(
             knob_names=knob_names,
             elsewhere=elsewhere,
             checkpoint_dir=checkpoint_dir,
+            configs=configs,
         )
         invariant = invariant_known(dialect, imported.not_managed)
         knobs = validate_knobs(dialect, imported.values, invariant=invariant)
@@ -408,8 +422,31 @@ def _parse_imported(
     )
 
 
+def _config_copies(
+    name: str, table: Mapping[str, object], texts: Mapping[str, str]
+) -> tuple[ConfigCopy, ...]:
+    """`[configs]` (the path the script names -> the kept file) joined with the files' texts."""
+    copies = []
+    for path, copy in table.items():
+        if not isinstance(copy, str) or not copy_name_ok(copy):
+            raise TemplateError(f"template {name}: [configs] {path!r}: not a configs/<name> file")
+        if copy not in texts:
+            raise TemplateError(f"template {name}: the config copy {copy} was not read")
+        copies.append(ConfigCopy(path, copy, texts[copy]))
+    return tuple(copies)
+
+
 _IMPORTED_KEYS = frozenset(
-    {"name", "dialect", "script", IMPORTED_KEY, CHECKPOINT_KEY, KNOB_NAMES_TABLE, ELSEWHERE_TABLE}
+    {
+        "name",
+        "dialect",
+        "script",
+        IMPORTED_KEY,
+        CHECKPOINT_KEY,
+        KNOB_NAMES_TABLE,
+        ELSEWHERE_TABLE,
+        CONFIGS_TABLE,
+    }
 )
 TemplateReader = Callable[[str], TemplateTexts]
 
@@ -438,7 +475,7 @@ def template_from_texts(texts: TemplateTexts, directory: Path) -> LaunchTemplate
         document = tomllib.loads(texts.toml_text)
     except (tomllib.TOMLDecodeError, RecursionError) as error:
         raise TemplateError(f"cannot read {directory / TEMPLATE_FILE}: {error}") from error
-    return parse_template(document, texts.script_text, directory)
+    return parse_template(document, texts.script_text, directory, dict(texts.configs))
 
 
 # What Python or Jinja can raise while a user's template renders; all become TemplateError.

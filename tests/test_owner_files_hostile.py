@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.config import Settings
 from daemon.owner_files import (
+    MAX_TEMPLATE_CONFIGS,
     MAX_TEMPLATE_FILE_BYTES,
     Owner,
     OwnerFiles,
@@ -408,3 +409,70 @@ def test_checkpoints_read_through_the_walk_skip_what_leaves_or_loops(tmp_path: P
     assert "symlink loop" in reasons["'checkpoint-800'"]
     assert "symlink leaving" in reasons["'checkpoint-700'"]
     assert "dangling symlink" in reasons["'checkpoint-650'"]
+
+
+IMPORTED_TOML = """name = "ds"
+dialect = "deepspeed"
+script = "job.sbatch"
+imported = true
+
+[configs]
+"ds_config.json" = "configs/ds_config.json"
+"""
+DS_SCRIPT = (
+    "#!/bin/bash\n#SBATCH --nodes=1\nsrun deepspeed train.py --deepspeed_config ds_config.json\n"
+)
+DS_CONFIG = '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}\n'
+
+
+def _imported_template(alice: Owner, alice_dir: Path) -> Path:
+    directory = alice_dir / "imported"
+    (directory / "configs").mkdir(parents=True)
+    (directory / "template.toml").write_text(IMPORTED_TOML)
+    (directory / "job.sbatch").write_text(DS_SCRIPT)
+    (directory / "configs" / "ds_config.json").write_text(DS_CONFIG)
+    _give(directory, alice)
+    return directory
+
+
+def test_a_kept_config_is_read_as_the_owner_with_the_script(alice: Owner, alice_dir: Path) -> None:
+    directory = _imported_template(alice, alice_dir)
+    texts = OwnerFiles(alice).read_template(str(directory))
+    assert texts.configs == (("configs/ds_config.json", DS_CONFIG),)
+    template = load_template(directory, OwnerFiles(alice).read_template)
+    assert template.knobs["zero_stage"] == 2
+    assert "zero_stage" not in template.not_managed
+
+
+def test_a_kept_config_linked_out_of_the_tree_is_refused_by_every_reader(
+    alice: Owner, alice_dir: Path
+) -> None:
+    directory = _imported_template(alice, alice_dir)
+    config = directory / "configs" / "ds_config.json"
+    config.unlink()
+    config.symlink_to(_root_only_file(alice_dir))
+    os.lchown(config, alice.uid, alice.gid)
+    for read in _readers(alice).values():
+        _refused_template(directory, read, "symlink")
+
+
+def test_a_huge_or_binary_kept_config_is_refused(alice: Owner, alice_dir: Path) -> None:
+    directory = _imported_template(alice, alice_dir)
+    config = directory / "configs" / "ds_config.json"
+    config.write_bytes(b" " * (MAX_TEMPLATE_FILE_BYTES + 1))
+    _refused_template(directory, OwnerFiles(alice).read_template, "too_large")
+    config.write_bytes(b'{"stage": 2}\0\n')
+    _refused_template(directory, OwnerFiles(alice).read_template, "unusable: .* is binary")
+
+
+def test_kept_configs_are_bounded_in_number_and_place(alice: Owner, alice_dir: Path) -> None:
+    directory = _imported_template(alice, alice_dir)
+    toml = directory / "template.toml"
+    toml.write_text(IMPORTED_TOML.replace('"configs/ds_config.json"', '"../../shadow"'))
+    _refused_template(directory, OwnerFiles(alice).read_template, "outside")
+    many = "".join(
+        f'"c{number}.json" = "configs/ds_config.json"\n'
+        for number in range(MAX_TEMPLATE_CONFIGS + 1)
+    )
+    toml.write_text(IMPORTED_TOML + many)
+    _refused_template(directory, OwnerFiles(alice).read_template, "more than")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from daemon.cli import main
+from daemon.importer import Form, Knob, analyse
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "sbatch"
@@ -76,22 +78,72 @@ def test_import_show_set_render_diff(tmp_path: Path) -> None:
     assert "optim is not managed in this template: " in output
 
 
-def test_a_value_in_a_config_file_beside_the_script_is_not_managed(tmp_path: Path) -> None:
+def test_a_value_in_a_config_file_beside_the_script_is_managed_through_a_kept_copy(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "run"
+    source.mkdir()
+    for name in ("deepspeed_zero.sbatch", "ds_config.json"):
+        shutil.copy(DATA / name, source / name)
     code, output = invoke(
-        "template", "import", str(DATA / "deepspeed_zero.sbatch"), "--json",
+        "template", "import", str(source / "deepspeed_zero.sbatch"), "--json",
         "--dialect", "deepspeed", "--name", "llama", "--into", str(tmp_path),
     )  # fmt: skip
     assert code == 0, output
     document = json.loads(output)
     knobs = {knob["knob"]: knob for knob in document["template"]["knobs"]}
-    assert knobs["gpus_per_node"]["value"] == 4
     micro = knobs["train_micro_batch_size_per_gpu"]
-    assert micro["value"] is None
-    assert micro["not_managed"] == (
-        "not managed: set by train_micro_batch_size_per_gpu in ds_config.json, line 3 of "
-        "ds_config.json: a file that is not part of the template"
+    assert (micro["value"], micro["through_copy"]) == (4, ["ds_config.json"])
+    assert micro["where"].startswith("written at ds_config.json:3 (through the template's copy")
+    assert knobs["gradient_checkpointing"]["through_copy"] == []
+    assert document["template"]["configs"] == [
+        {
+            "path": "ds_config.json",
+            "copy": "configs/ds_config.json",
+            "knobs": [
+                "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps",
+                "zero_stage",
+            ],
+            "not_usable": None,
+        }
+    ]
+    assert document["verdict"]["ready"] is True
+    directory = tmp_path / "llama"
+    original = (DATA / "ds_config.json").read_bytes()
+    assert (directory / "configs" / "ds_config.json").read_bytes() == original
+    code, output = invoke("template", "render", str(directory))
+    assert output == (DATA / "deepspeed_zero.sbatch").read_text()
+
+    code, output = invoke(
+        "template", "set", str(directory), "train_micro_batch_size_per_gpu=2",
+        "gradient_accumulation_steps=4", "zero_stage=3", "--reason", "true OOM at step 0",
+    )  # fmt: skip
+    assert code == 0, output
+    assert "-    --deepspeed_config ds_config.json \\\n" in output
+    assert '+    --deepspeed_config "$HOME/.slurm-medic/' in output
+    assert '+  "train_micro_batch_size_per_gpu": 2,\n' in output
+    assert '+    "stage": 3,\n' in output
+    assert "+SLURM_MEDIC_EOF\n" in output
+    child = output.split()[1]
+    code, script = invoke("template", "render", str(directory), "--rev", child)
+    assert subprocess.run(["bash", "-n"], input=script.encode(), check=False).returncode == 0
+    again = analyse(script, files={"ds_config.json": original.decode()})
+    assert again.reading(Knob.MICRO_BATCH).value == "2"
+    assert again.reading(Knob.ZERO_STAGE).value == "3"
+    zero = again.reading(Knob.ZERO_STAGE).winner
+    assert zero is not None
+    assert zero.site is not None
+    assert zero.site.within is Form.HEREDOC_LITERAL
+    assert (source / "ds_config.json").read_bytes() == original  # the user's file is not written
+    assert (directory / "configs" / "ds_config.json").read_bytes() == original
+
+    code, output = invoke("template", "show", str(directory))
+    assert code == 0, output
+    assert (
+        "config ds_config.json kept as configs/ds_config.json: train_micro_batch_size_per_gpu,"
+        " gradient_accumulation_steps, zero_stage managed through the copy" in output
     )
-    assert document["verdict"]["ready"] is False
 
 
 def test_cli_errors_are_clear(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,15 @@ from hypothesis import strategies as st
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.dialects.base import KnobKind
-from daemon.imported import IMPORTED_SCRIPT, Writing, write_value
+from daemon.imported import (
+    COPY_DELIMITER,
+    COPY_ROOT,
+    IMPORTED_SCRIPT,
+    Writing,
+    config_copies,
+    elsewhere_of,
+    write_value,
+)
 from daemon.importer import Analysis, Form, Knob, Site, Status, analyse
 from daemon.importer.analysis import INT_KNOBS
 from daemon.templates import (
@@ -32,16 +41,24 @@ from daemon.templates import (
 from remediators.allocator import ExpandableSegments, GarbageCollectionThreshold
 from remediators.micro_batch import MicroBatchDown
 from remediators.workers import WorkersDown
-from tests.importer_corpus import NOTED_MAPPINGS, ScriptLabel, load_labels, read_text
+from tests.importer_corpus import (
+    NOTED_MAPPINGS,
+    ScriptLabel,
+    analyse_script,
+    load_labels,
+    read_text,
+)
 
 LABELS = load_labels()
 DIALECT_OF = {"hf": "hf", "megatron": "megatron", "deepspeed": "deepspeed"}  # others: torchrun
 HEADER = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:4\n"
 
 
-def imported(text: str, dialect: str = "hf", **document: object) -> LaunchTemplate:
+def imported(
+    text: str, dialect: str = "hf", _configs: dict[str, str] | None = None, **document: object
+) -> LaunchTemplate:
     base = {"name": "t", "dialect": dialect, "script": IMPORTED_SCRIPT, "imported": True}
-    return parse_template({**base, **document}, text)
+    return parse_template({**base, **document}, text, configs=_configs)
 
 
 @functools.cache
@@ -386,3 +403,199 @@ def test_levers_refuse_knobs_the_template_does_not_manage() -> None:
         assert "is not managed in this template: " in applicability.reason, lever.name
     workers = imported(HEADER + "srun python train.py --dataloader_num_workers 8\n")
     assert WorkersDown().applies(diagnosis, workers)
+
+
+# ---------------------------------------------------------------- config files the script names
+
+
+def corpus_with_configs(label: ScriptLabel) -> tuple[LaunchTemplate, dict[str, str]]:
+    """The script imported as `template import` does it, with the config files it names (the
+    corpus files that stand for them) kept as copies; and those files, by the script's path."""
+    texts = {path: read_text(corpus) for path, corpus in analyse_script(label).given.items()}
+    text = read_text(label.file)
+    analysis = analyse(text, name=IMPORTED_SCRIPT, files=texts)
+    copies = config_copies(analysis, IMPORTED_SCRIPT, texts)
+    kept = [copy.path for copy in copies]
+    not_managed = elsewhere_of(analysis, IMPORTED_SCRIPT, kept)
+    template = imported(
+        text,
+        dialect_for(label),
+        configs={copy.path: copy.copy for copy in copies},
+        not_managed={knob.value: why for knob, why in not_managed.items()},
+        _configs={copy.copy: copy.text for copy in copies},
+    )
+    return template, texts
+
+
+WITH_CONFIGS = [label for label in LABELS if label.config_files]
+
+
+def bash_syntax_ok(script: str) -> bool:
+    return (
+        subprocess.run(
+            ["bash", "-n"], input=script.encode("utf-8", "surrogateescape"), check=False
+        ).returncode
+        == 0
+    )
+
+
+@pytest.mark.parametrize("label", WITH_CONFIGS, ids=lambda label: label.file[:3])
+def test_a_knob_in_a_config_file_moves_through_the_copy_the_script_writes(
+    label: ScriptLabel,
+) -> None:
+    template, texts = corpus_with_configs(label)
+    assert template.imported is not None
+    assert render(template) == read_text(label.file)  # the user's own config stays in use
+    first = initial_revision(template)
+    for knob, managed in template.imported.managed.items():
+        if not managed.through or template.dialect.spec(knob).kind is not KnobKind.INT:
+            continue
+        assert managed.source is not None
+        after = moved(template, knob)
+        revision = apply_patch(
+            template, first, Patch((KnobChange(knob, template.knobs[knob], after),), "t")
+        )
+        assert bash_syntax_ok(revision.script), knob
+        again = analyse(revision.script, name=IMPORTED_SCRIPT, files=texts)
+        reading = again.reading(managed.source)
+        assert reading.value == str(after), knob
+        copied = [
+            o.site
+            for o in reading.occurrences
+            if o.site and o.site.file == IMPORTED_SCRIPT and o.site.within is Form.HEREDOC_LITERAL
+        ]
+        assert copied, f"{knob} is not read from the heredoc copy"
+        for other in again.knobs:  # nothing else moved
+            if other.knob is not managed.source:
+                assert other.value == template.imported.analysis.reading(other.knob).value, (
+                    other.knob
+                )
+        assert f'+cat > "{COPY_ROOT}/' in revision.diff
+        assert f"+{COPY_DELIMITER}\n" in revision.diff
+        for path in managed.through:  # the kept copy is the original text: only the render moves
+            assert template.imported.configs[path].config.text == texts[path]
+
+
+def test_the_corpus_has_knobs_managed_through_config_copies_and_refusals_with_reasons() -> None:
+    through: dict[str, list[str]] = {}
+    refused: dict[str, str] = {}
+    for label in WITH_CONFIGS:
+        template, _ = corpus_with_configs(label)
+        assert template.imported is not None
+        for knob, managed in template.imported.managed.items():
+            if managed.through:
+                through.setdefault(label.file[:3], []).append(knob)
+        for carried in template.imported.configs.values():
+            if carried.why_not:
+                refused[label.file[:3]] = carried.why_not
+    assert {"005", "026", "027", "032", "033", "035", "037", "043"} <= set(through)
+    assert sum(len(knobs) for knobs in through.values()) >= 25
+    assert "per_device_train_batch_size" in through["027"]
+    # ${ACCELERATE_DIR}/examples/... and /home/$USER/...: no single place names the file
+    assert refused == {
+        "007": "its path (--config_file) is assembled from pieces, not written in one place",
+        "024": "its path (--config) is assembled from pieces, not written in one place",
+    }
+
+
+DS_CONFIG = """{
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 2,
+  "zero_optimization": {"stage": 2}
+}
+"""
+
+
+def deepspeed_by_path(launch: str, config: str = DS_CONFIG) -> LaunchTemplate:
+    text = HEADER + launch
+    analysis = analyse(text, name=IMPORTED_SCRIPT, files={"ds_config.json": config})
+    copies = config_copies(analysis, IMPORTED_SCRIPT, {"ds_config.json": config})
+    return imported(
+        text,
+        "deepspeed",
+        configs={copy.path: copy.copy for copy in copies},
+        _configs={copy.copy: copy.text for copy in copies},
+    )
+
+
+def test_micro_batch_and_zero_stage_in_a_json_named_through_a_variable() -> None:
+    launch = "CFG=ds_config.json\nsrun deepspeed train.py --deepspeed_config $CFG --save /ck\n"
+    template = deepspeed_by_path(launch)
+    knobs = {
+        **template.knobs,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "zero_stage": 3,
+    }
+    script = render(template, knobs)
+    assert bash_syntax_ok(script)
+    [directory] = {line.split('"')[1] for line in script.splitlines() if line.startswith("mkdir")}
+    assert directory.startswith(f"{COPY_ROOT}/")
+    assert f'CFG="{directory}/ds_config.json"\n' in script
+    assert f"cat > \"{directory}/ds_config.json\" <<'{COPY_DELIMITER}' || exit 1\n" in script
+    again = analyse(script, name=IMPORTED_SCRIPT, files={"ds_config.json": DS_CONFIG})
+    for knob, value in ((Knob.MICRO_BATCH, "2"), (Knob.GRAD_ACCUM, "4"), (Knob.ZERO_STAGE, "3")):
+        winner = again.reading(knob).winner
+        assert winner is not None
+        assert winner.site is not None
+        assert (winner.value, winner.site.file, winner.site.within) == (
+            value,
+            IMPORTED_SCRIPT,
+            Form.HEREDOC_LITERAL,
+        )
+    # the same change renders the same copy in the same place: a revision is reproducible
+    assert render(template, knobs) == script
+
+
+@pytest.mark.parametrize(
+    ("launch", "why"),
+    [
+        (
+            "srun deepspeed train.py --deepspeed_config 'ds_config.json'\n",
+            "written as single_quoted text, where the copy's path cannot be written safely",
+        ),
+        (
+            "D=.\nsrun deepspeed train.py --deepspeed_config $D/ds_config.json\n",
+            "assembled from pieces, not written in one place",
+        ),
+    ],
+)
+def test_a_config_whose_path_cannot_name_the_copy_is_not_managed(launch: str, why: str) -> None:
+    template = deepspeed_by_path(launch)
+    assert why in template.not_managed["zero_stage"]
+    first = initial_revision(template)
+    with pytest.raises(TemplateError, match="zero_stage is not managed in this template: "):
+        apply_patch(template, first, Patch((KnobChange("zero_stage", 2, 3),), "t"))
+
+
+def test_a_config_that_holds_the_heredoc_delimiter_is_not_managed() -> None:
+    config = DS_CONFIG.replace("{\n", '{\n  "comment": "' + COPY_DELIMITER + '",\n', 1)
+    template = deepspeed_by_path(
+        "srun deepspeed train.py --deepspeed_config ds_config.json\n", config
+    )
+    assert COPY_DELIMITER in template.not_managed["zero_stage"]
+    with pytest.raises(TemplateError, match=f"not managed in this template: .*{COPY_DELIMITER}"):
+        render(template, {**template.knobs, "zero_stage": 3})
+
+
+def test_a_kept_config_must_be_a_plain_file_under_configs() -> None:
+    text = HEADER + "srun deepspeed train.py --deepspeed_config ds_config.json\n"
+    for copy in ("../ds_config.json", "configs/../x", "configs/.hidden", "ds_config.json"):
+        with pytest.raises(TemplateError, match="not a configs/<name> file"):
+            imported(text, "deepspeed", configs={"ds_config.json": copy}, _configs={copy: "{}"})
+    with pytest.raises(TemplateError, match=r"config copy configs/ds_config\.json was not read"):
+        imported(text, "deepspeed", configs={"ds_config.json": "configs/ds_config.json"})
+
+
+def test_kept_configs_get_names_of_their_own_and_only_files_the_script_names() -> None:
+    text = HEADER + (
+        "srun deepspeed train.py --deepspeed_config a/ds.json\n"
+        "srun deepspeed train.py --deepspeed_config 'b/ds.json'\n"
+    )
+    texts = {"a/ds.json": DS_CONFIG, "b/ds.json": DS_CONFIG, "c/unnamed.json": DS_CONFIG}
+    analysis = analyse(text, name=IMPORTED_SCRIPT, files=texts)
+    copies = config_copies(analysis, IMPORTED_SCRIPT, texts)
+    assert [(copy.path, copy.copy) for copy in copies] == [
+        ("a/ds.json", "configs/ds.json"),
+        ("b/ds.json", "configs/2-ds.json"),
+    ]

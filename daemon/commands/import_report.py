@@ -25,7 +25,7 @@ import posixpath
 import pwd
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
@@ -91,6 +91,7 @@ class Gathered:
     analysis: Analysis
     files: tuple[FileOutcome, ...]
     rounds: int
+    texts: Mapping[str, str] = field(default_factory=dict)  # path the script names -> text read
 
 
 class ScriptUnreadable(Exception):
@@ -176,7 +177,7 @@ def gather(
             break
         texts.update(fresh)
         rounds += 1
-    return Gathered(name, submit_dir, analysis, tuple(outcomes.values()), rounds)
+    return Gathered(name, submit_dir, analysis, tuple(outcomes.values()), rounds, texts)
 
 
 def locate(path: str, submit_dir: str, owner: Owner) -> str | None:
@@ -279,6 +280,7 @@ def template_json(template: LaunchTemplate) -> dict[str, Any]:
                 "value": None if reason is not None else _knob_json(template.knobs[spec.name]),
                 "where": managed.where if managed is not None else None,
                 "line": _line_json(line),
+                "through_copy": list(managed.through) if managed is not None else [],
                 "not_managed": None if reason is None else f"{NOT_MANAGED}: {reason}",
             }
         )
@@ -287,8 +289,26 @@ def template_json(template: LaunchTemplate) -> dict[str, Any]:
         "dialect": template.dialect.name,
         "directory": str(template.directory) if template.directory else None,
         "knobs": knobs,
+        "configs": configs_json(template),
         "checkpoint": template.checkpoint.root if template.checkpoint else None,
     }
+
+
+def configs_json(template: LaunchTemplate) -> list[dict[str, Any]]:
+    """The config files an imported template keeps: the path the script names, the copy, the
+    knobs managed through it, and why a change cannot go through it (null when it can)."""
+    imported = template.imported
+    if imported is None:
+        return []
+    return [
+        {
+            "path": path,
+            "copy": carried.config.copy,
+            "knobs": [m.knob for m in imported.managed.values() if path in m.through],
+            "not_usable": carried.why_not or None,
+        }
+        for path, carried in imported.configs.items()
+    ]
 
 
 def _knob_json(value: KnobValue) -> Any:
@@ -347,7 +367,9 @@ DOCUMENT_KEYS: Final = """\b
                            state (written|implied|given|missing; after import: managed
                            instead of written), why
   template                 (after import) name, dialect, directory, checkpoint, knobs[]:
-                           knob, managed, value, where, line, not_managed ("not managed: why")
+                           knob, managed, value, where, line, through_copy[] (config
+                           paths a change is written through), not_managed ("not managed:
+                           why"); configs[]: path, copy, knobs[], not_usable (why, or null)
   a line is {file, number, text}; text that is not UTF-8 is written \\xNN"""
 
 
@@ -627,8 +649,24 @@ def _template_lines(section: dict[str, Any]) -> list[str]:
             continue
         value = json.dumps(knob["value"], ensure_ascii=False)
         lines.append(f"  {name}  {_shown(value)}: {_shown(knob['where'])}")
+    lines.extend(config_lines(section["configs"]))
     checkpoint = section["checkpoint"]
     lines.append(f"  checkpoints: {_shown(checkpoint) if checkpoint else ASK_CHECKPOINT}")
+    return lines
+
+
+def config_lines(configs: list[dict[str, Any]]) -> list[str]:
+    """The kept config copies for a terminal (the import report and `template show`)."""
+    lines = []
+    for config in configs:
+        head = f"  config {_shown(config['path'])} kept as {_shown(config['copy'])}: "
+        if config["not_usable"]:
+            lines.append(head + f"a change cannot go through it: {_shown(config['not_usable'])}")
+        elif config["knobs"]:
+            knobs = ", ".join(config["knobs"])
+            lines.append(head + f"{knobs} managed through the copy (the script writes it)")
+        else:
+            lines.append(head + "no managed knob is written in it")
     return lines
 
 

@@ -23,6 +23,8 @@ from daemon.commands.import_report import (
     Gathered,
     ScriptUnreadable,
     caller_reader,
+    config_lines,
+    configs_json,
     gather,
     import_document,
     read_script,
@@ -32,7 +34,13 @@ from daemon.commands.import_report import (
 from daemon.commands.terminal import printable, printable_json
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import KnobError
-from daemon.imported import IMPORTED_SCRIPT, elsewhere_of, imported_toml, invariant_terms
+from daemon.imported import (
+    IMPORTED_SCRIPT,
+    config_copies,
+    elsewhere_of,
+    imported_toml,
+    invariant_terms,
+)
 from daemon.importer import ImporterError, Knob, parse_knob_mapping
 from daemon.owner_files import TEMPLATE_FILE, Owner
 from daemon.templates import (
@@ -198,9 +206,13 @@ def import_command(
 ) -> None:
     """Make a template of an existing sbatch SCRIPT, keeping the script exactly as it is.
 
-    INTO/NAME receives the script verbatim (job.sbatch) and a template.toml with the dialect,
-    your --knob mappings and --checkpoint-dir. A knob is managed only where the script writes
-    its value; every other knob is "not managed" and no change will ever touch it. The report
+    INTO/NAME receives the script verbatim (job.sbatch), a copy of each config file the script
+    names by a path (configs/NAME: a DeepSpeed JSON, an accelerate or training YAML) and a
+    template.toml with the dialect, your --knob mappings and --checkpoint-dir. A knob is managed
+    only where the script or a kept config writes its value; every other knob is "not managed"
+    and no change will ever touch it. A change of a knob in a config is written into the copy,
+    which the rendered script then writes itself at run time (your file is never changed). The
+    report
     says, knob by knob, what is managed and where a change would be written, what is not and
     why, and whether a batch-size change could be made (the verdict).
 
@@ -214,19 +226,25 @@ def import_command(
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise click.ClickException(f"{target} already exists and is not empty: not overwritten")
     text, gathered = _gathered(script, submit_dir, knob_names, "import")
+    copies = config_copies(gathered.analysis, script, gathered.texts)
     toml_text = imported_toml(
         name=name,
         dialect=dialect_name,
         knob_names=knob_names,
-        elsewhere=elsewhere_of(gathered.analysis, script),
+        elsewhere=elsewhere_of(gathered.analysis, script, [copy.path for copy in copies]),
         checkpoint_dir=checkpoint_dir,
+        configs=copies,
     )
-    try:
-        parse_template(tomllib.loads(toml_text), text, target)  # refuse before writing anything
+    kept = {copy.copy: copy.text for copy in copies}
+    try:  # refuse before writing anything
+        parse_template(tomllib.loads(toml_text), text, target, kept)
     except (TemplateError, KnobError) as error:
         raise click.ClickException(str(error)) from error
     target.mkdir(parents=True, exist_ok=True)
     (target / IMPORTED_SCRIPT).write_bytes(text.encode("utf-8", "surrogateescape"))
+    for copy in copies:
+        (target / copy.copy).parent.mkdir(exist_ok=True)
+        (target / copy.copy).write_bytes(copy.text.encode("utf-8", "surrogateescape"))
     (target / TEMPLATE_FILE).write_text(toml_text, encoding="utf-8")
     try:
         template = load_template(target)
@@ -249,6 +267,7 @@ def show_command(directory: Path, as_json: bool) -> None:
     except (TemplateError, KnobError) as error:
         raise click.ClickException(str(error)) from error
     unmanaged = {knob: f"{NOT_MANAGED}: {why}" for knob, why in template.not_managed.items()}
+    configs = configs_json(template)
     data = {
         "name": template.name,
         "dialect": template.dialect.name,
@@ -261,6 +280,7 @@ def show_command(directory: Path, as_json: bool) -> None:
         "data_parallel": geometry.data_parallel if geometry else None,
         "knobs": {**knobs_to_json(template.knobs), **unmanaged},
         "not_managed": dict(template.not_managed),
+        "configs": configs,
         "sbatch": dict(template.sbatch),
         "checkpoint": None
         if template.checkpoint is None
@@ -297,6 +317,8 @@ def show_command(directory: Path, as_json: bool) -> None:
         value = json.dumps(knobs_to_json({"v": template.knobs[spec.name]})["v"])
         shown = value if spec.is_set(template.knobs[spec.name]) else "(not set)"
         click.echo(f"  {spec.name:32} {printable(shown):24} {spec.description}")
+    for line in config_lines(configs):
+        click.echo(line.strip())
     if template.checkpoint:
         click.echo(
             f"checkpoints: {template.checkpoint.layout.value} under {template.checkpoint.root}"

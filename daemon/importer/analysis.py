@@ -37,6 +37,7 @@ from daemon.importer.records import (
     MAX_INPUT_CHARS,
     Analysis,
     Basis,
+    ConfigUse,
     Directive,
     Effect,
     Form,
@@ -269,6 +270,7 @@ class _Analyser:
         self.wanted: list[str] = []
         self.read: list[str] = []
         self.sourced: list[_Carrier] = []  # scripts sourced but not given: they may set anything
+        self.config_uses: list[ConfigUse] = []
         self.order = 0
 
     # ------------------------------------------------------------ the walk
@@ -302,6 +304,7 @@ class _Analyser:
             files_read=tuple(self.read),
             files_wanted=tuple(self.wanted),
             notes=tuple(dict.fromkeys(self.notes)),
+            config_uses=tuple(dict.fromkeys(self.config_uses)),
         )
 
     def _mark_read(self, path: str) -> None:
@@ -703,6 +706,8 @@ class _Analyser:
         if content is None and known_path and key in self.files:
             content = Text.written(key, 0, self.files[key], Form.JSON)
             self._mark_read(key)
+            site, pieces = self._value_sites(path, None)
+            self.config_uses.append(ConfigUse(key, flag, site, pieces))
         if content is None:
             if kind == "directory":
                 what = f"{flag} {path.plain}: a directory of configs"
@@ -1169,7 +1174,9 @@ def _parse_arguments(arguments: list[Text]) -> list[_Argument]:
         current = arguments[index]
         word = current.plain
         index += 1
-        if current.segs and current.segs[0].opaque and current.segs[0].why != WORKDIR:
+        first = current.segs[0] if current.segs else None
+        # A word that starts with the working directory or the owner's home is one path.
+        if first is not None and first.opaque and first.why != WORKDIR and first.text not in _OWNER:
             parsed.append(_Argument(current, (), word, None, opaque=True))
             continue
         if word.startswith("-") and len(word) > 1 and not _is_number(word):

@@ -198,6 +198,17 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class ConfigUse:
+    """A config file the script names, read from the files given with it: the key its values'
+    sites carry, and where the script writes the path (so that a copy can be named instead)."""
+
+    file: str  # the path as `files` keys it, and the `file` of the sites of its values
+    source: str  # what names it: `--deepspeed_config`, `deepspeed in a.yaml`
+    site: Site | None  # the path's text when it is written in one place; None when assembled
+    pieces: tuple[Site, ...] = ()  # the written parts of an assembled path
+
+
+@dataclass(frozen=True)
 class Analysis:
     """The knobs of one script: values, places, launches, and what could not be read."""
 
@@ -208,6 +219,7 @@ class Analysis:
     files_read: tuple[str, ...]
     files_wanted: tuple[str, ...]  # paths the script names that were not given (read and retry)
     notes: tuple[str, ...]
+    config_uses: tuple[ConfigUse, ...] = ()  # each place a config read from `files` is named
 
     def reading(self, knob: Knob) -> KnobReading:
         return next(reading for reading in self.knobs if reading.knob is knob)
