@@ -22,11 +22,12 @@ from sqlalchemy.orm import Session
 
 from daemon.checkpoints import Checkpoint
 from daemon.config import Settings
-from daemon.dialects.base import Knobs, Role
+from daemon.dialects.base import Dialect, Knobs, Role
 from daemon.effects import perform
+from daemon.gather import JobFiles, OwnerJobFiles, lineage_template
 from daemon.imported import check_rendered
 from daemon.owner_files import OwnerReadRefused
-from daemon.pipeline import DAEMON, JobFiles, OwnerJobFiles, lineage_template, patch_from_json
+from daemon.planner import PlannedFix
 from daemon.policy import ProposalFacts, RecentActivity, gate
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError, SubmissionError
@@ -45,7 +46,9 @@ from daemon.store.models import (
 )
 from daemon.store.states import ProposalState
 from daemon.templates import (
+    KnobChange,
     LaunchTemplate,
+    Patch,
     TemplateError,
     apply_patch,
     diff_revisions,
@@ -59,6 +62,8 @@ from daemon.templates import (
 )
 
 log = logging.getLogger(__name__)
+
+DAEMON = repo.Actor.daemon()
 
 RowT = TypeVar("RowT")
 
@@ -144,14 +149,25 @@ def _new_pairs(template: LaunchTemplate, before: Knobs, after: Knobs) -> list[tu
     return sorted(pairs(after) - pairs(before))
 
 
+def validated_patch(dialect: Dialect, patch: Patch) -> Patch:
+    """A stored patch with every value validated again by its knob, as this code has it."""
+    changes = []
+    for change in patch.changes:
+        spec = dialect.spec(change.knob)
+        changes.append(
+            KnobChange(spec.name, spec.validate(change.before), spec.validate(change.after))
+        )
+    return Patch(tuple(changes), patch.reason)
+
+
 def build_relaunch(
     template: LaunchTemplate,
     parent: Revision,
-    proposal_patch_data: dict[str, object],
+    fix: PlannedFix,
     find_checkpoint: Callable[[LaunchTemplate], tuple[Checkpoint | None, str]],
 ) -> Relaunch:
     """The new revision: the proposal's patch, checked in the script, then the resume patch."""
-    patch = patch_from_json(template.dialect, proposal_patch_data)
+    patch = validated_patch(template.dialect, fix.patch)
     fixed = apply_patch(template, parent, patch)
     problems = lever_problems(template, parent.knobs, fixed.knobs, fixed.script)
     if problems:
@@ -200,9 +216,9 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
     parent_row = _row(session, TemplateRevision, submission.revision_id)
     now = deps.clock()
     since = now - timedelta(hours=1)
-    data = dict(proposal.patch)
-    drains = tuple(str(a["node"]) for a in data.get("actions", []) if a.get("kind") == "drain")
-    facts = ProposalFacts(proposal.remediator, proposal.changes_science, drains)
+    fix = repo.attempt_record(proposal).fix
+    drains = fix.drains
+    facts = ProposalFacts(fix.remediator, proposal.changes_science, drains)
     activity = RecentActivity(
         relaunches_by_user=records.relaunches_since(session, since=since, owner=lineage.owner),
         relaunches=records.relaunches_since(session, since=since),
@@ -222,7 +238,7 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
             diff="",
             patch=None,
         )
-        relaunch = build_relaunch(template, parent, data, lambda t: _last_good(t, failed_job, deps))
+        relaunch = build_relaunch(template, parent, fix, lambda t: _last_good(t, failed_job, deps))
     except TemplateError as error:
         return _fail(session, proposal, f"the new revision cannot be made: {error}")
     for node in drains:
@@ -252,11 +268,12 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
             "exclude": list(exclude),
         },
     )
-    proposal.patch = {
-        **data,
-        "resumed_step": relaunch.checkpoint.step if relaunch.checkpoint else None,
-        "revision": revision_row.id,
-    }
+    repo.record_relaunch_revision(
+        session,
+        proposal=proposal,
+        revision_id=revision_row.id,
+        resumed_step=relaunch.checkpoint.step if relaunch.checkpoint else None,
+    )
     uid, gid = _identity(lineage.owner)
     work_dir = failed_job.work_dir
     intent = repo.record_submit_intent(

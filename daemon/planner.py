@@ -19,7 +19,7 @@ from enum import StrEnum
 from daemon.diagnosis import Diagnosis, FailureKind, MidRunCause, Onset
 from daemon.dialects.base import Knobs, KnobValue
 from daemon.templates import LaunchTemplate, Patch, TemplateError, render
-from remediators.base import Lever, RemediationProposal, Remediator
+from remediators.base import Lever, NodeAction, NodeActionKind, RemediationProposal, Remediator
 from remediators.registry import BY_NAME
 
 _PRECISION_LADDER = (
@@ -158,6 +158,65 @@ class Refusal:
     reason: str
     skipped: tuple[SkippedRung, ...] = ()
     asks_person: bool = True
+
+
+@dataclass(frozen=True)
+class PlannedFix:
+    """A proposal as the record keeps it, written once when it is made: everything acting on
+    it, judging its relaunch and counting it as an attempt needs. Stored through the codec;
+    a field missing from a stored one is an error, never a default."""
+
+    remediator: str
+    lever: Lever
+    kind: FailureKind
+    rung: int
+    ladder: tuple[str, ...]
+    patch: Patch
+    expected_effect: str
+    cost: str  # in words (`Cost.describe`); the proposal row keeps the number people sort by
+    knobs_before: Mapping[str, KnobValue]
+    knobs_after: Mapping[str, KnobValue]
+    failing_step: int | None  # the step its relaunch must get past
+    actions: tuple[NodeAction, ...]
+    skipped: tuple[SkippedRung, ...]
+
+    @property
+    def drains(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.actions if a.kind is NodeActionKind.DRAIN)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """The planner's memory of one proposal: the fix as planned, the revision its relaunch
+    runs and the checkpoint step it resumed from (once acted on), and how it ended."""
+
+    fix: PlannedFix
+    revision_id: int | None
+    resumed_step: int | None
+    outcome: Outcome
+    step_reached: int | None  # the furthest step its relaunch logged, once judged
+
+
+def planned_fix(
+    proposal: Proposal, knobs_before: Mapping[str, KnobValue], failing_step: int | None
+) -> PlannedFix:
+    """The record of a proposal as it is made."""
+    remediation = proposal.remediation
+    return PlannedFix(
+        remediator=remediation.remediator,
+        lever=remediation.lever,
+        kind=proposal.kind,
+        rung=proposal.rung,
+        ladder=proposal.ladder,
+        patch=proposal.patch,
+        expected_effect=remediation.expected_effect,
+        cost=remediation.cost.describe(),
+        knobs_before=dict(knobs_before),
+        knobs_after=dict(proposal.knobs_after),
+        failing_step=failing_step,
+        actions=remediation.actions,
+        skipped=proposal.skipped,
+    )
 
 
 def ladder_for(diagnosis: Diagnosis) -> tuple[str, ...]:

@@ -42,14 +42,13 @@ from daemon.effects import perform
 from daemon.evidence.findings import OUTSIDE_ALLOCATION
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import LogFindings
+from daemon.gather import JobFiles, OwnerJobFiles, read_log_findings
 from daemon.hook import HookError, HookListener, parse_slurm_user
 from daemon.pipeline import (
     DAEMON,
-    JobFiles,
     PipelineDeps,
     handle_ended_job,
     incomplete_record_expired,
-    read_log_findings,
 )
 from daemon.slurm.backend import CommandRunner, SlurmBackend
 from daemon.slurm.errors import SlurmError
@@ -372,9 +371,7 @@ class Daemon:
 
     def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
         proposal = session.get(Proposal, intent.proposal_id)
-        data = proposal.patch if proposal is not None else {}
-        revision = data.get("revision")
-        if proposal is None or proposal.lineage_id is None or revision is None:
+        if proposal is None or proposal.lineage_id is None or proposal.revision_id is None:
             return
         lineage = session.get(Lineage, proposal.lineage_id)
         records.record_lineage_submission(
@@ -382,7 +379,7 @@ class Daemon:
             slurm_job_id=job_id,
             lineage_id=proposal.lineage_id,
             attempt=(lineage.attempts + 1) if lineage is not None else 1,
-            revision_id=int(revision),
+            revision_id=proposal.revision_id,
             proposal_id=proposal.id,
             token=intent.token,
             actor=DAEMON,
@@ -859,7 +856,6 @@ def _passwd(user: str | int) -> pwd.struct_passwd | None:
 @contextmanager
 def daemon_from_settings(settings: Settings) -> Iterator[Daemon]:
     """The production wiring: Slurm's CLI, the SSH prober, the owner-rights reader."""
-    from daemon.pipeline import OwnerJobFiles  # noqa: PLC0415
     from daemon.slurm.backend import SlurmCli  # noqa: PLC0415
 
     prober = NodeProber(settings.probe) if settings.probe is not None else None

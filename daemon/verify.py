@@ -2,10 +2,12 @@
 
 Verified: the relaunch logged at least `margin_steps` past the step that failed AND a
 checkpoint newer than the one it resumed from exists (the run can be resumed past the
-failure). A relaunch that fails again is judged by the pipeline: the same kind of failure
-moves the lineage up the ladder, a different one stops and asks a person, and one that did
-not get past the failing step counts as no progress (the planner ends retries on those), as
-does one still pending after `verify.pending_timeout_s`.
+failure). A relaunch that fails again is judged here too, when the pipeline handles its
+end (`judge_failed_relaunch`, `finish_completed`): the same kind of failure moves the lineage
+up the ladder, a different one stops and asks a person, and one that did not get past the
+failing step counts as no progress (the planner ends retries on those), as does one still
+pending after `verify.pending_timeout_s`. This module gathers through `daemon.gather` and
+imports nothing of the pipeline, which calls it.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from daemon.config import Settings
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.effects import perform
 from daemon.evidence.records import Evidence
+from daemon.gather import JobFiles, lineage_template, read_log_findings
 from daemon.owner_files import OwnerReadRefused
-from daemon.pipeline import DAEMON, JobFiles, PipelineDeps, lineage_template, read_log_findings
-from daemon.planner import Outcome
+from daemon.planner import AttemptRecord, Outcome
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import JobNotFound, SlurmError
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
+from daemon.store.codec import CodecError
 from daemon.store.models import (
     ActionKind,
     Incident,
@@ -41,6 +44,8 @@ from daemon.store.states import ProposalState
 from daemon.templates import LaunchTemplate, TemplateError
 
 log = logging.getLogger(__name__)
+
+DAEMON = repo.Actor.daemon()
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ def judge_failed_relaunch(
     previous_kind = FailureKind(previous.kind) if previous is not None else FailureKind.UNKNOWN
     outcome = relaunch_outcome(previous_kind, verdict)
     step_reached = evidence.log.max_step_seen
-    proposal.patch = {**proposal.patch, "outcome": outcome.value, "step_reached": step_reached}
+    repo.record_outcome(session, proposal=proposal, outcome=outcome, step_reached=step_reached)
     repo.transition_proposal(
         session,
         proposal_id=proposal_id,
@@ -138,7 +143,9 @@ def judge_failed_relaunch(
     )
 
 
-def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: PipelineDeps) -> str:
+def finish_completed(
+    session: Session, proposal_id: int, job: SlurmJob, files: JobFiles, settings: Settings
+) -> str:
     """A relaunch that ran to the end: verified if it shows progress, else no progress."""
     proposal = session.get(Proposal, proposal_id)
     if proposal is None or proposal.state not in (
@@ -146,14 +153,15 @@ def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: Pi
         ProposalState.VERIFYING.value,
     ):
         return "already judged"
-    progress = measure_progress(session, proposal, job, deps.files, deps.settings)
-    verdict = _verdict(proposal, progress, deps.settings)
+    record = repo.attempt_record(proposal)
+    progress = measure_progress(session, proposal, record, job, files=files, settings=settings)
+    verdict = _verdict(record, progress, settings)
     if proposal.state == ProposalState.SUBMITTED.value:
         repo.transition_proposal(
             session, proposal_id=proposal_id, to=ProposalState.VERIFYING, actor=DAEMON
         )
     if verdict.verified:
-        _verified(session, proposal, verdict)
+        _verified(session, proposal, progress, verdict)
         return "verified"
     _no_progress(
         session,
@@ -166,11 +174,12 @@ def finish_completed(session: Session, proposal_id: int, job: SlurmJob, deps: Pi
 
 def _no_progress(session: Session, proposal: Proposal, progress: Progress, reason: str) -> None:
     """The relaunch got nowhere: the planner counts this toward ending retries."""
-    proposal.patch = {
-        **proposal.patch,
-        "outcome": Outcome.SAME_FAILURE.value,
-        "step_reached": progress.max_step_seen,
-    }
+    repo.record_outcome(
+        session,
+        proposal=proposal,
+        outcome=Outcome.SAME_FAILURE,
+        step_reached=progress.max_step_seen,
+    )
     repo.transition_proposal(
         session, proposal_id=proposal.id, to=ProposalState.FAILED, actor=DAEMON, reason=reason
     )
@@ -179,14 +188,16 @@ def _no_progress(session: Session, proposal: Proposal, progress: Progress, reaso
 def measure_progress(
     session: Session,
     proposal: Proposal,
+    record: AttemptRecord,
     job: SlurmJob,
+    *,
     files: JobFiles,
     settings: Settings,
 ) -> Progress:
     """How far the relaunch got: its log's furthest step and its newest good checkpoint."""
     findings = read_log_findings(job, files, settings.log_max_bytes)
     newest: int | None = None
-    revision_id = proposal.patch.get("revision")
+    revision_id = record.revision_id
     revision = session.get(TemplateRevision, revision_id) if revision_id is not None else None
     lineage = session.get(Lineage, proposal.lineage_id) if proposal.lineage_id else None
     if revision is not None and lineage is not None:
@@ -206,17 +217,21 @@ def measure_progress(
     return Progress(findings.max_step_seen, newest)
 
 
-def _verdict(proposal: Proposal, progress: Progress, settings: Settings) -> VerifyVerdict:
+def _verdict(record: AttemptRecord, progress: Progress, settings: Settings) -> VerifyVerdict:
     return judge_progress(
-        failing_step=proposal.patch.get("failing_step"),
-        resumed_step=proposal.patch.get("resumed_step"),
+        failing_step=record.fix.failing_step,
+        resumed_step=record.resumed_step,
         margin_steps=settings.verify.margin_steps,
         progress=progress,
     )
 
 
-def _verified(session: Session, proposal: Proposal, verdict: VerifyVerdict) -> None:
-    proposal.patch = {**proposal.patch, "outcome": Outcome.VERIFIED.value}
+def _verified(
+    session: Session, proposal: Proposal, progress: Progress, verdict: VerifyVerdict
+) -> None:
+    repo.record_outcome(
+        session, proposal=proposal, outcome=Outcome.VERIFIED, step_reached=progress.max_step_seen
+    )
     repo.transition_proposal(
         session,
         proposal_id=proposal.id,
@@ -245,7 +260,13 @@ class FollowDeps:
 
 
 def _pending_too_long(
-    session: Session, proposal: Proposal, job: SlurmJob, waited: float, deps: FollowDeps
+    session: Session,
+    proposal: Proposal,
+    record: AttemptRecord,
+    job: SlurmJob,
+    *,
+    waited: float,
+    deps: FollowDeps,
 ) -> str:
     """A relaunch still queued past `verify.pending_timeout_s` is cancelled, then counted as
     no progress: it ran no step, so it stands where it resumed from (0 from scratch). Left
@@ -265,7 +286,7 @@ def _pending_too_long(
     )
     if done.error is not None:
         return f"pending {waited:.0f} s, past the timeout; scancel failed: {done.error}"
-    standing = Progress(proposal.patch.get("resumed_step") or 0, None)
+    standing = Progress(record.resumed_step or 0, None)
     reason = f"pending {waited:.0f} s, past verify.pending_timeout_s: cancelled"
     _no_progress(session, proposal, standing, reason)
     session.commit()
@@ -275,8 +296,8 @@ def _pending_too_long(
 def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str]]:
     """Look at every relaunch in flight; verify those that already show the fix worked.
 
-    Ended relaunches are left to the finished-job poll (the pipeline judges them), so a job
-    is judged in one place only.
+    Ended relaunches are left to the finished-job poll (the pipeline hands them to
+    `judge_failed_relaunch` or `finish_completed`), so a job is judged once.
     """
     results: list[tuple[int, str]] = []
     states = [ProposalState.SUBMITTED.value, ProposalState.VERIFYING.value]
@@ -284,6 +305,11 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
     session.commit()  # only read: asking Slurm about each relaunch holds no lock on the record
     for proposal in in_flight:
         if proposal.relaunch_job_id is None:
+            continue
+        try:
+            record = repo.attempt_record(proposal)
+        except CodecError as error:  # one unreadable record must not stop the others
+            results.append((proposal.id, f"its record does not read: {error}"))
             continue
         try:
             job = deps.backend.job(proposal.relaunch_job_id)
@@ -298,7 +324,10 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
             waited = (now - job.submit_time).total_seconds()
             if waited > deps.settings.verify.pending_timeout_s:
                 results.append(
-                    (proposal.id, _pending_too_long(session, proposal, job, waited, deps))
+                    (
+                        proposal.id,
+                        _pending_too_long(session, proposal, record, job, waited=waited, deps=deps),
+                    )
                 )
                 continue
         if job.state is not JobState.RUNNING:
@@ -312,11 +341,13 @@ def follow_relaunches(session: Session, deps: FollowDeps) -> list[tuple[int, str
                 actor=DAEMON,
                 reason=f"job {job.job_id} is running",
             )
-        progress = measure_progress(session, proposal, job, deps.files, deps.settings)
-        verdict = _verdict(proposal, progress, deps.settings)
+        progress = measure_progress(
+            session, proposal, record, job, files=deps.files, settings=deps.settings
+        )
+        verdict = _verdict(record, progress, deps.settings)
         ran = (now - job.start_time).total_seconds() if job.start_time else 0.0
         if verdict.verified:
-            _verified(session, proposal, verdict)
+            _verified(session, proposal, progress, verdict)
             results.append((proposal.id, "verified"))
         elif ran > deps.settings.verify.max_duration_s:
             _no_progress(session, proposal, progress, f"ran {ran:.0f} s without showing progress")

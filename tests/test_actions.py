@@ -10,8 +10,7 @@ import pytest
 from daemon.actions import LeverMissing, build_relaunch, lever_problems
 from daemon.checkpoints import Checkpoint, CheckpointLayout
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
-from daemon.pipeline import patch_to_json
-from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
+from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan, planned_fix
 from daemon.templates import LaunchTemplate, initial_revision, load_template, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +60,8 @@ def test_relaunch_carries_the_fix_and_resumes_from_the_checkpoint() -> None:
     template = torchrun()
     proposal = proposal_for(template)
     parent = initial_revision(template)
-    data = patch_to_json(proposal, template.knobs, 4)
-    relaunch = build_relaunch(template, parent, data, lambda _t: (CHECKPOINT, ""))
+    fix = planned_fix(proposal, template.knobs, 4)
+    relaunch = build_relaunch(template, parent, fix, lambda _t: (CHECKPOINT, ""))
     script = relaunch.revision.script
     assert "export PYTORCH_ALLOC_CONF=expandable_segments:True" in script
     assert "export RESUME_FROM=/ckpt/step_2" in script
@@ -73,8 +72,8 @@ def test_relaunch_carries_the_fix_and_resumes_from_the_checkpoint() -> None:
 def test_without_a_checkpoint_the_relaunch_starts_over_and_says_so() -> None:
     template = torchrun()
     parent = initial_revision(template)
-    data = patch_to_json(proposal_for(template), template.knobs, 4)
-    relaunch = build_relaunch(template, parent, data, lambda _t: (None, "no checkpoint yet"))
+    fix = planned_fix(proposal_for(template), template.knobs, 4)
+    relaunch = build_relaunch(template, parent, fix, lambda _t: (None, "no checkpoint yet"))
     assert "RESUME_FROM" not in relaunch.revision.script
     assert relaunch.checkpoint_note == "no checkpoint yet"
 
@@ -82,6 +81,6 @@ def test_without_a_checkpoint_the_relaunch_starts_over_and_says_so() -> None:
 def test_an_overridden_lever_is_never_submitted() -> None:
     template = torchrun("export PYTORCH_ALLOC_CONF=expandable_segments:False\n")
     parent = initial_revision(template)
-    data = patch_to_json(proposal_for(template), template.knobs, 4)
+    fix = planned_fix(proposal_for(template), template.knobs, 4)
     with pytest.raises(LeverMissing, match="set again after the export"):
-        build_relaunch(template, parent, data, lambda _t: (CHECKPOINT, ""))
+        build_relaunch(template, parent, fix, lambda _t: (CHECKPOINT, ""))

@@ -16,8 +16,9 @@ from daemon.actions import ActDeps, act
 from daemon.config import Settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence
-from daemon.pipeline import DAEMON, lineage_template, patch_to_json
-from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
+from daemon.gather import lineage_template
+from daemon.pipeline import DAEMON
+from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan, planned_fix
 from daemon.slurm.errors import JobNotFound, SubmissionError
 from daemon.slurm.records import JobState, JobWindow, QueuedJob, SlurmJob, SlurmNode
 from daemon.store import repository as repo
@@ -127,8 +128,7 @@ def approved_hardware_proposal(session: Session, job_id: int) -> int:
     row = repo.propose(
         session,
         incident_id=incident.id,
-        remediator="drain_and_exclude",
-        patch=patch_to_json(planned, template.knobs, 2),
+        fix=planned_fix(planned, template.knobs, 2),
         rationale=planned.remediation.rationale,
         cost=0.0,
         changes_science=False,

@@ -109,7 +109,7 @@ def test_the_gpu_09_reproducer_neither_probes_nor_drains_gpu_09(
     proposals = db_session.scalars(select(ProposalRow)).all()
     assert [row.remediator for row in proposals] == ["allocator_expandable_segments"]
     assert result.approved
-    assert all(action["node"] != "gpu-09" for action in proposals[0].patch["actions"])
+    assert all(action.node != "gpu-09" for action in repo.attempt_record(proposals[0]).fix.actions)
     incident = db_session.scalars(select(Incident).where(Incident.slurm_job_id == 6001)).one()
     evidence, verdict = repo.incident_records(incident)
     note = f"{OUTSIDE_ALLOCATION}: 'gpu-09' (the job ran on gpu-01); not probed or blamed"
@@ -133,7 +133,7 @@ def test_a_node_of_the_allocation_named_by_the_log_is_still_the_one_probed(
     assert states.fetched == ["gpu-09"]
     (proposal,) = db_session.scalars(select(ProposalRow)).all()
     assert proposal.remediator == "drain_and_exclude"
-    assert [action["node"] for action in proposal.patch["actions"]] == ["gpu-09"]
+    assert [action.node for action in repo.attempt_record(proposal).fix.actions] == ["gpu-09"]
 
 
 FINDINGS = LogFindings(rank=0, node="gpu-09", step=2, notes=("an earlier note",))

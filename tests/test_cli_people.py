@@ -31,6 +31,7 @@ from daemon.evidence.records import (
     Phase,
     ProbeVerdict,
 )
+from daemon.planner import SkippedRung
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
@@ -38,7 +39,9 @@ from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Propos
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from daemon.store.states import ProposalState
+from remediators.base import Lever
 from tests.factories import ended_job
+from tests.fixes import seeded_fix
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 DAEMON = repo.Actor.daemon()
@@ -98,21 +101,16 @@ def _seed(session: Session) -> tuple[int, int, int]:
     incident = repo.record_incident(
         session, slurm_job_id=1001, evidence=evidence, diagnosis=diagnosis
     )
-    patch = {
-        "changes": [
-            {"knob": "micro_batch", "before": 8, "after": 4},
-            {"knob": "grad_accum", "before": 4, "after": 8},
-        ],
-        "reason": "halve the micro-batch",
-        "expected_effect": "activations halve; the peak drops by about 20 GiB",
-        "skipped": [{"rung": 0, "remediator": "allocator_expandable_segments", "reason": "no gap"}],
-        "resumed_step": 0,
-    }
+    fix = seeded_fix(
+        changes=(("micro_batch", 8, 4), ("grad_accum", 4, 8)),
+        expected_effect="activations halve; the peak drops by about 20 GiB",
+        skipped=(SkippedRung(0, "allocator_expandable_segments", "no gap"),),
+        failing_step=0,
+    )
     proposal = repo.propose(
         session,
         incident_id=incident.id,
-        remediator="micro_batch_down",
-        patch=patch,
+        fix=fix,
         rationale="micro-batch 8 -> 4, grad-accum 4 -> 8: the global batch is kept",
         cost=1.0,
         changes_science=False,
@@ -121,13 +119,16 @@ def _seed(session: Session) -> tuple[int, int, int]:
     parent = repo.record_template_revision(
         session, lineage_id=lineage.id, knobs={"micro_batch": 8}, rendered_script=SCRIPT_BEFORE
     )
-    repo.record_template_revision(
+    relaunched = repo.record_template_revision(
         session,
         lineage_id=lineage.id,
         knobs={"micro_batch": 4},
         rendered_script=SCRIPT_AFTER,
         parent_id=parent.id,
         proposal_id=proposal.id,
+    )
+    repo.record_relaunch_revision(
+        session, proposal=proposal, revision_id=relaunched.id, resumed_step=0
     )
     repo.transition_proposal(
         session,
@@ -190,8 +191,7 @@ def _seed(session: Session) -> tuple[int, int, int]:
     waiting = repo.propose(
         session,
         incident_id=fragmented.id,
-        remediator="sequence_length_down",
-        patch={"changes": [{"knob": "seq_len", "before": 4096, "after": 2048}]},
+        fix=seeded_fix("sequence_length_down", (("seq_len", 4096, 2048),), lever=Lever.SEQUENCE),
         rationale="shorter sequences [red]change the science[/red]",
         cost=3.0,
         changes_science=True,

@@ -17,7 +17,7 @@ import pytest
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, History, diagnose
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport
-from daemon.pipeline import template_expandable_segments
+from daemon.gather import template_expandable_segments
 from daemon.templates import load_template, validate_knobs
 from tests.corpus import (
     KIND_AS_RULE,

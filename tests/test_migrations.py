@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,10 +12,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from sqlalchemy import Engine, inspect, text
+from sqlalchemy.orm import Session
 
 from daemon.cli import main
+from daemon.diagnosis import FailureKind
+from daemon.planner import Outcome, SkippedRung
+from daemon.store import repository as repo
 from daemon.store import schema
-from daemon.store.models import Base
+from daemon.store.models import Base, Proposal
+from daemon.templates import KnobChange, Patch
+from remediators.base import Lever
 
 TABLES = {
     "lineage",
@@ -189,3 +196,113 @@ def test_migrations_are_found_inside_the_package() -> None:
     assert schema.migrations_dir() == Path(migrations.__file__).parent
     assert (schema.migrations_dir() / "env.py").is_file()
     assert (schema.migrations_dir() / "script.py.mako").is_file()
+
+
+# A proposal as the code before 0004 wrote it: every key of `patch_to_json`, plus what acting
+# on it and judging its relaunch added (the revision, the resumed step, the outcome).
+OLD_PATCH = {
+    "reason": "allocator_expandable_segments: stranded bytes would have served it",
+    "changes": [
+        {
+            "knob": "env",
+            "before": [],
+            "after": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+        }
+    ],
+    "kind": "fragmentation",
+    "rung": 0,
+    "ladder": ["allocator_expandable_segments", "allocator_max_split_size"],
+    "lever": "allocator",
+    "expected_effect": "the stranded bytes are used",
+    "cost": "~0% throughput; none",
+    "knobs_before": {"micro_batch": 8, "env": [], "exclude": ["gpu-03"]},
+    "knobs_after": {
+        "micro_batch": 8,
+        "env": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+        "exclude": ["gpu-03"],
+    },
+    "failing_step": 4,
+    "actions": [{"kind": "drain", "node": "gpu-03", "reason": "medic: xid 79"}],
+    "skipped": [{"rung": 1, "remediator": "allocator_gc_threshold", "reason": "budget"}],
+    "resumed_step": 2,
+    "revision": 1,
+    "outcome": "same_failure",
+    "step_reached": 3,
+}
+
+
+def _seed_old_proposal(engine: Engine, patch: dict[str, object]) -> None:
+    """The rows a proposal hangs on, written as SQL against the 0003 schema."""
+    at = {"at": "2026-01-01 00:00:00+00:00"}
+    statements = [
+        "INSERT INTO lineage (id, name, owner, template, status, attempts, created_at,"
+        " updated_at) VALUES (1, 'run', 'alice', 't', 'active', 1, :at, :at)",
+        "INSERT INTO job (id, slurm_job_id, lineage_id, attempt, name, user_name, state, nodes,"
+        " record, seen_at) VALUES (1, 101, 1, 1, 'run', 'alice', 'FAILED', '[]', '{}', :at)",
+        "INSERT INTO incident (id, job_id, lineage_id, slurm_job_id, user_name, kind,"
+        " confidence, occurred_at, recorded_at, evidence, diagnosis) VALUES (1, 1, 1, 101,"
+        " 'alice', 'fragmentation', 'high', :at, :at, '{}', '{}')",
+    ]
+    with engine.begin() as connection:
+        for statement in statements:
+            connection.execute(text(statement), at)
+        connection.execute(
+            text(
+                "INSERT INTO proposal (id, incident_id, lineage_id, remediator, patch, rationale,"
+                " cost, changes_science, state, created_at, updated_at) VALUES (1, 1, 1,"
+                " 'allocator_expandable_segments', :patch, 'why', 0.0, false, 'failed', :at,"
+                " :at)"
+            ),
+            {**at, "patch": json.dumps(patch)},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO template_revision (id, lineage_id, proposal_id, knobs,"
+                " rendered_script, script_sha256, created_at) VALUES (1, 1, 1, '{}', 's', 'h',"
+                " :at)"
+            ),
+            at,
+        )
+
+
+def _proposal_json(engine: Engine, column: str) -> object:
+    with engine.connect() as connection:
+        stored = connection.execute(text(f"SELECT {column} FROM proposal")).scalar_one()
+    return json.loads(stored) if isinstance(stored, str) else stored
+
+
+def test_0004_carries_every_old_proposal_value_into_the_typed_record_and_back(
+    empty_db_engine: Engine,
+) -> None:
+    schema.upgrade(empty_db_engine, "0003")
+    _seed_old_proposal(empty_db_engine, OLD_PATCH)
+
+    schema.upgrade(empty_db_engine, "0004")
+    with Session(empty_db_engine) as session:
+        row = session.get(Proposal, 1)
+        assert row is not None
+        assert (row.rung, row.lever, row.failing_step) == (0, "allocator", 4)
+        assert (row.revision_id, row.resumed_step) == (1, 2)
+        assert (row.outcome, row.step_reached) == ("same_failure", 3)
+        record = repo.attempt_record(row)
+    env = (("PYTORCH_ALLOC_CONF", "expandable_segments:True"),)
+    assert record.fix.patch == Patch((KnobChange("env", (), env),), str(OLD_PATCH["reason"]))
+    assert record.fix.knobs_after == {"micro_batch": 8, "env": env, "exclude": ("gpu-03",)}
+    assert record.fix.knobs_before == {"micro_batch": 8, "env": (), "exclude": ("gpu-03",)}
+    assert record.fix.kind is FailureKind.FRAGMENTATION
+    assert record.fix.lever is Lever.ALLOCATOR
+    assert record.fix.drains == ("gpu-03",)
+    assert record.fix.skipped == (SkippedRung(1, "allocator_gc_threshold", "budget"),)
+    assert record.outcome is Outcome.SAME_FAILURE
+
+    schema.downgrade(empty_db_engine, "0003")
+    assert _proposal_json(empty_db_engine, "patch") == OLD_PATCH
+
+
+def test_0004_refuses_an_old_proposal_missing_a_key_naming_it(empty_db_engine: Engine) -> None:
+    schema.upgrade(empty_db_engine, "0003")
+    renamed = {key: value for key, value in OLD_PATCH.items() if key != "failing_step"}
+    _seed_old_proposal(empty_db_engine, {**renamed, "failed_at_step": 4})
+    with pytest.raises(RuntimeError, match="proposal 1: its JSON lacks failing_step"):
+        schema.upgrade(empty_db_engine, "0004")
+    assert schema.current_revision(empty_db_engine) == "0003"

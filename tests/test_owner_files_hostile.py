@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.config import Settings
+from daemon.gather import OwnerJobFiles, read_log_findings
 from daemon.owner_files import (
     MAX_TEMPLATE_CONFIGS,
     MAX_TEMPLATE_FILE_BYTES,
@@ -26,7 +27,7 @@ from daemon.owner_files import (
     RefusalKind,
     job_tree,
 )
-from daemon.pipeline import OwnerJobFiles, PipelineDeps, handle_ended_job, read_log_findings
+from daemon.pipeline import PipelineDeps, handle_ended_job
 from daemon.store.models import AuditEvent, Lineage, LineageStatus
 from daemon.templates import TemplateError, TemplateReader, load_template, render
 from tests.test_checkpoints import hf_checkpoint

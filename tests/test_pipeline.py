@@ -11,23 +11,19 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from daemon.actions import validated_patch
 from daemon.checkpoints import Checkpoint, CheckpointLayout, CheckpointScan, CheckpointSpec
 from daemon.config import Settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport, Phase
+from daemon.gather import with_template_paths
 from daemon.owner_files import OwnerFiles, TemplateTexts
-from daemon.pipeline import (
-    PipelineDeps,
-    failing_step,
-    handle_ended_job,
-    patch_from_json,
-    patch_to_json,
-    with_template_paths,
-)
-from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
+from daemon.pipeline import PipelineDeps, failing_step, handle_ended_job
+from daemon.planner import LineageHistory, PlannedFix, PlannerPolicy, Proposal, plan, planned_fix
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
+from daemon.store.codec import from_json, to_json
 from daemon.store.models import AuditEvent, Lineage
 from daemon.store.models import Proposal as ProposalRow
 from daemon.store.states import ProposalState
@@ -158,11 +154,13 @@ def pretend_relaunched(session: Session, proposal_id: int, job_id: int, lineage_
     revision = repo.record_template_revision(
         session,
         lineage_id=lineage_id,
-        knobs=proposal.patch["knobs_after"],
+        knobs=knobs_to_json(repo.attempt_record(proposal).fix.knobs_after),
         rendered_script="#!/bin/bash\n",
         proposal_id=proposal_id,
     )
-    proposal.patch = {**proposal.patch, "revision": revision.id, "resumed_step": None}
+    repo.record_relaunch_revision(
+        session, proposal=proposal, revision_id=revision.id, resumed_step=None
+    )
     intent = repo.record_submit_intent(
         session,
         proposal_id=proposal_id,
@@ -192,7 +190,7 @@ def test_fragmentation_is_proposed_and_auto_approved(db_session: Session) -> Non
     assert proposal.remediator == "allocator_expandable_segments"
     assert proposal.state == ProposalState.APPROVED.value
     assert proposal.lineage_id == lineage_id
-    assert proposal.patch["failing_step"] == 4
+    assert proposal.failing_step == 4
     assert records.handled_job_ids(db_session, slurm_job_ids=[5001, 5002]) == {5001}
 
 
@@ -225,7 +223,7 @@ def test_the_same_failure_again_climbs_the_ladder(db_session: Session) -> None:
     tried = db_session.get(ProposalRow, first.proposal_id)
     assert tried is not None
     assert tried.state == ProposalState.FAILED.value
-    assert tried.patch["outcome"] == "same_failure"
+    assert tried.outcome == "same_failure"
     assert again.outcome == "proposed"
     # The relaunch ran with expandable_segments:True, so the same stranded bytes no longer
     # explain the failure (issue 11's rule): a true OOM, whose ladder starts at the batch.
@@ -254,8 +252,8 @@ def test_a_proposal_round_trips_through_its_row() -> None:
     diagnosis = Diagnosis(FailureKind.FRAGMENTATION, Confidence.HIGH, ("t",), step=4)
     outcome = plan(diagnosis, template, LineageHistory(), PlannerPolicy())
     assert isinstance(outcome, Proposal)
-    data = patch_to_json(outcome, template.knobs, 4)
-    assert patch_from_json(template.dialect, data) == outcome.patch
+    stored = from_json(PlannedFix, to_json(planned_fix(outcome, template.knobs, 4)))
+    assert validated_patch(template.dialect, stored.patch) == outcome.patch
 
 
 def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
@@ -270,7 +268,7 @@ def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
     revision = repo.record_template_revision(
         db_session,
         lineage_id=lineage_id,
-        knobs=proposal.patch["knobs_after"],
+        knobs=knobs_to_json(repo.attempt_record(proposal).fix.knobs_after),
         rendered_script="#!/bin/bash\n",
         proposal_id=proposal.id,
     )

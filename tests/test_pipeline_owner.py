@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.pipeline import OwnerJobFiles, read_log_findings
+from daemon.gather import OwnerJobFiles, read_log_findings
 from tests.test_pipeline import failed_job
 
 pytestmark = [

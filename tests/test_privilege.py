@@ -38,6 +38,7 @@ from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.e2e import MEDIC, with_system_config
 from tests.factories import ended_job
+from tests.fixes import seeded_fix
 
 ALICE = pwd.getpwnam("alice")
 ALICE_GROUP = grp.getgrgid(ALICE.pw_gid).gr_name
@@ -76,8 +77,7 @@ def record(tmp_path: Path) -> tuple[str, int]:
         proposal = repo.propose(
             session,
             incident_id=incident.id,
-            remediator="micro_batch_down",
-            patch={"changes": [{"knob": "micro_batch", "before": 8, "after": 4}]},
+            fix=seeded_fix(),
             rationale="halve the micro-batch",
             cost=1.0,
             changes_science=False,

@@ -176,7 +176,7 @@ def test_the_watchdog_window_comes_from_systemd() -> None:
 def test_the_watchdog_is_pinged_only_while_cycles_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from daemon.pipeline import OwnerJobFiles
+    from daemon.gather import OwnerJobFiles
     from daemon.service import Daemon
     from tests.test_actions_store import FakeSlurm
 

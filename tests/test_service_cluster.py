@@ -22,7 +22,7 @@ from sqlalchemy import select
 from daemon.cli import main
 from daemon.config import Settings, load_settings
 from daemon.evidence.prober import NodeProber, ProbeSettings
-from daemon.pipeline import OwnerJobFiles
+from daemon.gather import OwnerJobFiles
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import JobState

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from daemon.config import load_settings
 from daemon.evidence.prober import NodeProber, ProbeSettings
-from daemon.pipeline import OwnerJobFiles
+from daemon.gather import OwnerJobFiles
 from daemon.service import ACCOUNTED_STATES, Daemon, carries_token
 from daemon.slurm.backend import SlurmCli
 from daemon.store import repository as repo

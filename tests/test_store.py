@@ -41,6 +41,7 @@ from daemon.store.models import (
 )
 from daemon.store.schema import upgrade
 from daemon.store.states import TRANSITIONS, IllegalTransition, ProposalState, check_transition
+from tests.fixes import seeded_fix
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 DAEMON = repo.Actor.daemon()
@@ -122,8 +123,7 @@ def seed_proposal(session: Session, *, incident_id: int) -> Proposal:
     return repo.propose(
         session,
         incident_id=incident_id,
-        remediator="micro_batch_down",
-        patch={"micro_batch": 4, "grad_accum": 8},
+        fix=seeded_fix(changes=(("micro_batch", 8, 4), ("grad_accum", 4, 8))),
         rationale="halve the micro-batch, double accumulation: global batch kept",
         cost=1.0,
         changes_science=False,
@@ -482,7 +482,7 @@ def test_lineage_history_has_every_attempt(db_session: Session) -> None:
     repo.record_job(db_session, job=make_job(101), lineage_id=lineage.id, attempt=2)
     seed_incident(db_session, job_id=999)  # another run's: must not appear
 
-    history = repo.lineage_history(db_session, lineage_id=lineage.id)
+    history = repo.lineage_story(db_session, lineage_id=lineage.id)
     assert [a.job.slurm_job_id for a in history.attempts] == [100, 101]
     assert [i.id for i in history.attempts[0].incidents] == [first.id]
     assert [p.id for p in history.attempts[0].proposals] == [proposal.id]

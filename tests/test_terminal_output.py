@@ -25,6 +25,7 @@ from daemon.store.models import NodeEventKind
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.factories import ended_job
+from tests.fixes import seeded_fix
 
 # Written out here rather than taken from the module, so the test checks the module.
 SPOOFING = frozenset("\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u2060\ufeff") | frozenset(
@@ -125,8 +126,7 @@ def hostile_config(tmp_path: Path) -> Path:
         repo.propose(
             session,
             incident_id=incident.id,
-            remediator="micro_batch_down",
-            patch={"changes": [{"knob": "micro_batch", "before": 8, "after": 4}]},
+            fix=seeded_fix(),
             rationale=RATIONALE,
             cost=1.0,
             changes_science=False,

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from daemon.actions import act
 from daemon.config import Settings
-from daemon.pipeline import lineage_template, planner_history
+from daemon.gather import lineage_template
+from daemon.pipeline import planner_history
 from daemon.planner import Outcome
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store.models import Action, ActionResult, Lineage, TemplateRevision
@@ -84,10 +85,10 @@ def test_a_relaunch_pending_past_the_timeout_counts_as_no_progress(db_session: S
     assert cancel.argv == ["scancel", str(proposal.relaunch_job_id)]
     db_session.refresh(proposal)
     assert proposal.state == ProposalState.FAILED.value
-    assert proposal.patch["outcome"] == Outcome.SAME_FAILURE.value
-    assert proposal.patch["step_reached"] == 0  # it ran no step, and resumed from none
+    assert proposal.outcome == Outcome.SAME_FAILURE.value
+    assert proposal.step_reached == 0  # it ran no step, and resumed from none
     lineage = db_session.get(Lineage, proposal.lineage_id)
-    revision = db_session.get(TemplateRevision, proposal.patch["revision"])
+    revision = db_session.get(TemplateRevision, proposal.revision_id)
     assert lineage is not None
     assert revision is not None
     dialect = lineage_template(lineage, revision, FakeFiles({})).dialect
@@ -101,7 +102,7 @@ def test_a_relaunch_pending_within_the_timeout_waits_on(db_session: Session) -> 
     assert _follow(db_session, timedelta(seconds=TIMEOUT_S - 60)) == [(proposal.id, "PENDING")]
     db_session.refresh(proposal)
     assert proposal.state == ProposalState.SUBMITTED.value
-    assert "outcome" not in proposal.patch
+    assert proposal.outcome == Outcome.PENDING.value
 
 
 @pytest.mark.parametrize("policy", [{"paused": True}, {"dry_run": True}])

@@ -22,10 +22,12 @@ from sqlalchemy.orm import Session
 
 from daemon.commands.terminal import printable, printable_document
 from daemon.evidence.records import OomReport
+from daemon.planner import AttemptRecord
 from daemon.store import repository as repo
 from daemon.store.codec import CodecError
 from daemon.store.models import Incident, Job, Lineage, Proposal, TemplateRevision
 from daemon.store.states import ProposalState
+from daemon.templates import knobs_to_json
 
 Document = dict[str, Any]
 
@@ -57,7 +59,7 @@ def gib(value: int | None) -> str:
 
 def lineage_document(session: Session, *, lineage_id: int) -> Document:
     """A lineage across its attempts: each job, its incidents, proposals, diffs and outcome."""
-    history = repo.lineage_history(session, lineage_id=lineage_id)
+    history = repo.lineage_story(session, lineage_id=lineage_id)
     revisions = {revision.id: revision for revision in history.revisions}
     attempts = [
         _attempt_document(session, attempt.job, attempt.incidents, attempt.proposals, revisions)
@@ -210,16 +212,12 @@ def _proposal_document(
         for event in repo.proposal_audit_trail(session, proposal_id=proposal.id)
     ]
     revision = next((r for r in revisions.values() if r.proposal_id == proposal.id), None)
-    return {
+    document: Document = {
         "id": proposal.id,
         "remediator": proposal.remediator,
+        "lever": proposal.lever,
+        "rung": proposal.rung,
         "rationale": proposal.rationale,
-        "changes": knob_changes(proposal.patch),
-        "expected_effect": proposal.patch.get("expected_effect"),
-        "skipped_rungs": [
-            item for item in proposal.patch.get("skipped", []) if isinstance(item, dict)
-        ],
-        "resumed_step": proposal.patch.get("resumed_step"),
         "changes_science": proposal.changes_science,
         "state": proposal.state,
         "decided_by": proposal.decided_by,
@@ -228,18 +226,43 @@ def _proposal_document(
         "revision": None if revision is None else revision.id,
         "diff": "" if revision is None else _revision_diff(revision, revisions),
     }
+    try:
+        record = repo.attempt_record(proposal)
+    except CodecError as error:
+        document["unreadable"] = f"the stored proposal does not decode: {error}"
+        return {**document, **_attempt_fields(None)}
+    return {**document, **_attempt_fields(record)}
 
 
-def knob_changes(patch: dict[str, Any]) -> list[Document]:
-    """The patch's knob moves (`templates.Patch` as stored); other shapes are shown whole."""
-    changes = patch.get("changes")
-    if not isinstance(changes, list):
-        return [{"knob": key, "before": None, "after": value} for key, value in patch.items()]
-    return [
-        {"knob": change.get("knob"), "before": change.get("before"), "after": change.get("after")}
-        for change in changes
-        if isinstance(change, dict)
-    ]
+def _attempt_fields(record: AttemptRecord | None) -> Document:
+    """What the planner remembers of the proposal: its knob moves, what it expects, the rungs
+    passed over, where its relaunch resumed and how far it got; empty when unreadable."""
+    if record is None:
+        return {
+            "changes": [],
+            "expected_effect": None,
+            "skipped_rungs": [],
+            "failing_step": None,
+            "resumed_step": None,
+            "outcome": None,
+            "step_reached": None,
+        }
+    fix = record.fix
+    return {
+        "changes": [
+            {"knob": change.knob, **knobs_to_json({"before": change.before, "after": change.after})}
+            for change in fix.patch.changes
+        ],
+        "expected_effect": fix.expected_effect,
+        "skipped_rungs": [
+            {"rung": skip.rung, "remediator": skip.remediator, "reason": skip.reason}
+            for skip in fix.skipped
+        ],
+        "failing_step": fix.failing_step,
+        "resumed_step": record.resumed_step,
+        "outcome": record.outcome.value,
+        "step_reached": record.step_reached,
+    }
 
 
 def _revision_diff(revision: TemplateRevision, revisions: dict[int, TemplateRevision]) -> str:
@@ -348,6 +371,8 @@ def _proposal_lines(proposal: Document) -> Iterable[RenderableType]:
         f"  proposal {proposal['id']}: {proposal['remediator']} [{proposal['state']}] ({science})"
     )
     yield Text(f"    why: {proposal['rationale']}")
+    if "unreadable" in proposal:
+        yield Text(f"    {proposal['unreadable']}")
     for change in proposal["changes"]:
         yield Text(f"    {change['knob']}: {change['before']!r} -> {change['after']!r}")
     if proposal["expected_effect"]:
@@ -356,6 +381,11 @@ def _proposal_lines(proposal: Document) -> Iterable[RenderableType]:
         yield Text(f"    skipped {skipped.get('remediator')}: {skipped.get('reason')}")
     if proposal["resumed_step"] is not None:
         yield Text(f"    resumed from the checkpoint at step {proposal['resumed_step']}")
+    if proposal["outcome"] not in (None, "pending"):
+        yield Text(
+            f"    relaunch judged {proposal['outcome']}: furthest step"
+            f" {proposal['step_reached']} (it failed at step {proposal['failing_step']})"
+        )
     for event in proposal["trail"]:
         reason = f": {event['reason']}" if event["reason"] else ""
         yield Text(f"    {event['at']} {event['verb']} by {event['who']}{reason}")

@@ -1,7 +1,8 @@
 """JSON for the frozen dataclass records, so that evidence and diagnoses are stored whole.
 
-Enums become their values, datetimes ISO 8601 in UTC, tuples and frozensets lists; decoding
-walks the dataclass's type hints back, so a stored record comes back equal to the one saved.
+Enums become their values, datetimes ISO 8601 in UTC, tuples and frozensets lists, mappings
+objects (string keys only); decoding walks the dataclass's type hints back, so a stored record
+comes back equal to the one saved.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, TypeVar, cast
@@ -41,7 +43,7 @@ def to_json(value: object) -> JsonValue:
     if isinstance(value, frozenset | set):
         encoded = [to_json(item) for item in value]
         return sorted(encoded, key=repr)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {_json_key(key): to_json(item) for key, item in value.items()}
     raise CodecError(f"cannot write {type(value).__name__} as JSON")
 
@@ -89,6 +91,13 @@ def _decode(hint: Any, data: object, where: str) -> object:
         (item_hint,) = typing.get_args(hint)
         items = _expect_list(data, where)
         return frozenset(_decode(item_hint, item, f"{where}[{i}]") for i, item in enumerate(items))
+    if origin in (dict, Mapping):
+        key_hint, item_hint = typing.get_args(hint)
+        if key_hint is not str:
+            raise CodecError(f"{where}: only string keys decode, not {key_hint!r}")
+        if not isinstance(data, dict):
+            raise CodecError(f"{where}: expected an object, found {type(data).__name__}")
+        return {key: _decode(item_hint, item, f"{where}.{key}") for key, item in data.items()}
     if isinstance(hint, type):
         return _decode_class(hint, data, where)
     raise CodecError(f"{where}: cannot decode type {hint!r}")

@@ -25,7 +25,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
+from daemon.planner import Outcome
 from daemon.store.states import ProposalState
+from remediators.base import Lever
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -204,11 +206,18 @@ class Incident(Base):
 
 
 class Proposal(Base):
-    """A remediation proposed for an incident; its state moves only through `states.TRANSITIONS`."""
+    """A remediation proposed for an incident; its state moves only through `states.TRANSITIONS`.
+
+    What the planner remembers of it (`planner.AttemptRecord`) is written and read only
+    through the repository: the rung, lever, steps, revision and outcome as columns people
+    can query, the rest of the planned fix as the codec's JSON in `plan`.
+    """
 
     __tablename__ = "proposal"
     __table_args__ = (
         _values_check("state", "state", ProposalState),
+        _values_check("lever", "lever", Lever),
+        _values_check("outcome", "outcome", Outcome),
         Index("ix_proposal_state_created", "state", "created_at"),
         Index("ix_proposal_lineage_id", "lineage_id"),
         Index("ix_proposal_incident_id", "incident_id"),
@@ -218,7 +227,18 @@ class Proposal(Base):
     incident_id: Mapped[int] = mapped_column(ForeignKey("incident.id"))
     lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
     remediator: Mapped[str] = mapped_column(String(64))
-    patch: Mapped[dict[str, Any]] = mapped_column()
+    lever: Mapped[str] = mapped_column(String(16))
+    rung: Mapped[int] = mapped_column(Integer)
+    failing_step: Mapped[int | None] = mapped_column(BigInteger)
+    plan: Mapped[dict[str, Any]] = mapped_column()
+    # template_revision also points here (the proposal a revision was made for): the cycle
+    # is added after both tables exist.
+    revision_id: Mapped[int | None] = mapped_column(
+        ForeignKey("template_revision.id", use_alter=True)
+    )
+    resumed_step: Mapped[int | None] = mapped_column(BigInteger)
+    outcome: Mapped[str] = mapped_column(String(24), default=Outcome.PENDING.value)
+    step_reached: Mapped[int | None] = mapped_column(BigInteger)
     rationale: Mapped[str] = mapped_column(NulSafeText)
     cost: Mapped[float] = mapped_column(Float)
     changes_science: Mapped[bool] = mapped_column(Boolean)

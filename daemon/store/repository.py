@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session
 
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.evidence.records import Evidence
+from daemon.planner import AttemptRecord, Outcome, PlannedFix
 from daemon.slurm.records import SlurmJob
-from daemon.store.codec import from_json, to_json
+from daemon.store.codec import CodecError, from_json, to_json
 from daemon.store.models import (
     Action,
     ActionKind,
@@ -45,6 +46,8 @@ ValueT = TypeVar("ValueT")
 
 TOKEN_PREFIX = "medic-"  # noqa: S105 (a label, not a secret)
 PAUSE_FLAG = "paused"
+# The planned fix's fields kept as the proposal row's own columns, not in its `plan` JSON.
+_FIX_COLUMNS = ("remediator", "lever", "rung", "failing_step")
 
 
 class NotFound(LookupError):
@@ -84,7 +87,7 @@ class SubmitIntent:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class LineageJob:
     """One job of a lineage with what was concluded and proposed about it."""
 
     job: Job
@@ -93,9 +96,11 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class LineageHistory:
+class LineageStory:
+    """A lineage's rows for people to read (the planner's view is `planner.LineageHistory`)."""
+
     lineage: Lineage
-    attempts: tuple[Attempt, ...]
+    attempts: tuple[LineageJob, ...]
     revisions: tuple[TemplateRevision, ...]
 
 
@@ -250,19 +255,25 @@ def propose(
     session: Session,
     *,
     incident_id: int,
-    remediator: str,
-    patch: Mapping[str, Any],
+    fix: PlannedFix,
     rationale: str,
     cost: float,
     changes_science: bool,
     actor: Actor,
 ) -> Proposal:
+    """The one place a planned fix is written: its queried fields as columns, the rest as
+    the codec's JSON (`attempt_record` reads it back)."""
     incident = _get(session, Incident, incident_id)
+    plan = _as_object(to_json(fix))
     proposal = Proposal(
         incident_id=incident_id,
         lineage_id=incident.lineage_id,
-        remediator=remediator,
-        patch=_as_object(to_json(dict(patch))),
+        remediator=fix.remediator,
+        lever=fix.lever.value,
+        rung=fix.rung,
+        failing_step=fix.failing_step,
+        plan={key: value for key, value in plan.items() if key not in _FIX_COLUMNS},
+        outcome=Outcome.PENDING.value,
         rationale=rationale,
         cost=cost,
         changes_science=changes_science,
@@ -276,10 +287,49 @@ def propose(
         verb="propose",
         subject_type="proposal",
         subject_id=proposal.id,
-        details={"remediator": remediator, "incident": incident_id, "cost": cost},
+        details={"remediator": fix.remediator, "incident": incident_id, "cost": cost},
     )
     session.flush()
     return proposal
+
+
+def attempt_record(proposal: Proposal) -> AttemptRecord:
+    """The one place a proposal's record is read: typed, every field required; a stored
+    record that does not fit raises `CodecError`, never fills in a default."""
+    stray = sorted(set(proposal.plan) & set(_FIX_COLUMNS))
+    if stray:
+        raise CodecError(f"proposal {proposal.id}: plan repeats its columns {', '.join(stray)}")
+    columns = {
+        "remediator": proposal.remediator,
+        "lever": proposal.lever,
+        "rung": proposal.rung,
+        "failing_step": proposal.failing_step,
+    }
+    return AttemptRecord(
+        fix=from_json(PlannedFix, {**proposal.plan, **columns}),
+        revision_id=proposal.revision_id,
+        resumed_step=proposal.resumed_step,
+        outcome=from_json(Outcome, proposal.outcome),
+        step_reached=proposal.step_reached,
+    )
+
+
+def record_relaunch_revision(
+    session: Session, *, proposal: Proposal, revision_id: int, resumed_step: int | None
+) -> None:
+    """The revision a proposal's relaunch runs, and the checkpoint step it resumes from."""
+    proposal.revision_id = revision_id
+    proposal.resumed_step = resumed_step
+    session.flush()
+
+
+def record_outcome(
+    session: Session, *, proposal: Proposal, outcome: Outcome, step_reached: int | None
+) -> None:
+    """How a proposal's relaunch ended and the furthest step it logged."""
+    proposal.outcome = outcome.value
+    proposal.step_reached = step_reached
+    session.flush()
 
 
 def transition_proposal(
@@ -787,7 +837,7 @@ def _audit_for(session: Session, subjects: Mapping[str, Sequence[str]]) -> list[
     return list(session.scalars(select(AuditEvent).where(or_(*conditions)).order_by(AuditEvent.id)))
 
 
-def lineage_history(session: Session, *, lineage_id: int) -> LineageHistory:
+def lineage_story(session: Session, *, lineage_id: int) -> LineageStory:
     """A run across its relaunches: each attempt with its incidents, proposals and outcomes."""
     lineage = _get(session, Lineage, lineage_id)
     jobs = session.scalars(
@@ -806,14 +856,14 @@ def lineage_history(session: Session, *, lineage_id: int) -> LineageHistory:
     ).all()
     job_of_incident = {incident.id: incident.job_id for incident in incidents}
     attempts = tuple(
-        Attempt(
+        LineageJob(
             job=job,
             incidents=tuple(i for i in incidents if i.job_id == job.id),
             proposals=tuple(p for p in proposals if job_of_incident.get(p.incident_id) == job.id),
         )
         for job in jobs
     )
-    return LineageHistory(lineage=lineage, attempts=attempts, revisions=tuple(revisions))
+    return LineageStory(lineage=lineage, attempts=attempts, revisions=tuple(revisions))
 
 
 def job_story(session: Session, *, slurm_job_id: int) -> JobStory | None:

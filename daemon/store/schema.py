@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from daemon.store.engine import UPGRADE_COMMAND, record_location
 
@@ -57,9 +57,37 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 def _run_command(engine: Engine, verb: str, revision: str) -> None:
     config = alembic_config()
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        getattr(command, verb)(config, revision)
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(connection, on=False)
+        try:
+            with connection.begin():
+                config.attributes["connection"] = connection
+                getattr(command, verb)(config, revision)
+                if sqlite:
+                    _check_foreign_keys(connection)
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(connection, on=True)
+
+
+def _sqlite_foreign_keys(connection: Connection, *, on: bool) -> None:
+    """Alembic changes a SQLite table by rebuilding it (copy, drop, rename), and dropping a
+    table whose rows others reference fails under foreign keys, deferred or not. They are off
+    while a migration runs; the pragma is ignored inside a transaction, so it goes to the
+    driver's connection before the migration's transaction begins (and after it ends)."""
+    dbapi_connection = connection.connection.dbapi_connection
+    if dbapi_connection is None:
+        raise RuntimeError("the SQLite connection is closed")
+    dbapi_connection.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+
+
+def _check_foreign_keys(connection: Connection) -> None:
+    """With the checks off, the migration itself must leave no dangling reference."""
+    dangling = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if dangling:
+        raise RuntimeError(f"the migration left dangling references: {dangling[:5]}")
 
 
 def check_schema_current(engine: Engine) -> None:

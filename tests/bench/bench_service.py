@@ -33,7 +33,7 @@ from pathlib import Path
 
 from daemon import process
 from daemon.config import load_settings
-from daemon.pipeline import OwnerJobFiles
+from daemon.gather import OwnerJobFiles
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import JobState

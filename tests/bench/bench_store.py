@@ -450,7 +450,7 @@ def questions(scale: Scale) -> dict[str, Callable[[Session, int], object]]:
         return _at((run % 11) / 12)
 
     return {
-        "lineage history": lambda s, run: repo.lineage_history(
+        "lineage history": lambda s, run: repo.lineage_story(
             s, lineage_id=scale.lineages // 2 + run
         ),
         "everything about a job id": lambda s, run: repo.job_story(
@@ -489,7 +489,7 @@ def questions(scale: Scale) -> dict[str, Callable[[Session, int], object]]:
 
 
 def _size(result: object) -> int:
-    if isinstance(result, repo.LineageHistory):
+    if isinstance(result, repo.LineageStory):
         return len(result.attempts)
     if isinstance(result, repo.JobStory):
         return (
