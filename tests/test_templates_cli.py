@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
@@ -172,3 +173,16 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     assert code == 1
     assert "already exists and is not empty: not overwritten" in output
     assert sorted(path.name for path in (tmp_path / "taken").iterdir()) == ["notes"]
+
+
+def test_a_template_named_relative_to_the_current_directory_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(EXAMPLES / "hf-trainer", tmp_path / "hf")
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(main, ["template", "show", "hf"])
+    assert shown.exit_code == 0, shown.output
+    assert "hf-trainer-example" in shown.output
+    rendered = CliRunner().invoke(main, ["template", "render", "hf"])
+    assert rendered.exit_code == 0, rendered.output
+    assert "--per_device_train_batch_size 4" in rendered.output

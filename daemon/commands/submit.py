@@ -24,7 +24,9 @@ EXIT_SUBMIT = 5
 
 
 @click.command("submit")
-@click.argument("template_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "template_dir", type=click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
+)
 @click.option("--as-user", help="Submit as this user (root only; default: yourself).")
 @click.option(
     "--work-dir",

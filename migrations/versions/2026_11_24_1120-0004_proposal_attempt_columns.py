@@ -9,7 +9,7 @@ Downgrade puts every value back where the old code read it.
 
 Revision ID: 0004
 Revises: 0003
-Create Date: 2026-12-01 09:00:00
+Create Date: 2026-11-24 11:20:00
 """
 
 from __future__ import annotations
