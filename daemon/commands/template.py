@@ -59,7 +59,7 @@ from daemon.templates import (
     render,
 )
 
-_TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _TEMPLATE_DIR = click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
 EXIT_UNREADABLE = 3  # as `diagnose`: the input could not be read
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 PROBE_COMMAND = "medic-node-probe"
 # Host names and addresses only: a node name reaches paramiko as a host, never a shell.
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}\Z")
 
 
 class ProbeSettings(BaseModel):
