@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from daemon.diagnosis import Diagnosis, History, diagnose
-from daemon.evidence.joblog import MAX_NOTES, scan_log
+from daemon.evidence.joblog import scan_log
+from daemon.evidence.log_events import MAX_NOTES
 from daemon.evidence.oom import MAX_MESSAGE_CHARS, parse_oom, parse_oom_block
 from daemon.evidence.records import (
     MAX_GPU_INDEX,

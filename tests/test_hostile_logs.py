@@ -13,12 +13,9 @@ import tracemalloc
 import pytest
 
 from daemon.diagnosis import Confidence, FailureKind, History, diagnose
-from daemon.evidence.joblog import (
-    MAX_KEPT_LINES,
-    MAX_TASK_RANGES,
-    MAX_TRACEBACK_FRAMES,
-    scan_log,
-)
+from daemon.evidence.joblog import MAX_KEPT_LINES, scan_log
+from daemon.evidence.log_analysis import MAX_TASK_RANGES
+from daemon.evidence.log_events import MAX_TRACEBACK_FRAMES
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import (
     MAX_RANK,

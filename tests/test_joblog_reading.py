@@ -17,7 +17,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.evidence import joblog
-from daemon.evidence.joblog import LINE_KEEP_BYTES, MAX_FAR_LINES, LogReadError, scan_log
+from daemon.evidence.joblog import LogReadError, scan_log
+from daemon.evidence.log_lines import is_root_candidate
+from daemon.evidence.log_reader import (
+    LINE_KEEP_BYTES,
+    MAX_FAR_LINES,
+    ROOT_TRIGGERS,
+    CandidateMemo,
+    Cursor,
+    FarLines,
+    Line,
+    StreamReader,
+    lines_backward,
+)
 from daemon.evidence.records import LogFindings, OomFamily, RootCause
 from daemon.owner_files import OwnerFiles
 from tests.bench.bench_diagnose import _watchdog_dump
@@ -61,13 +73,24 @@ def _lines(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def _read_back(
-    data: bytes, *, full_from: int, block_size: int
-) -> tuple[list[joblog._Line], joblog._FarLines]:
-    reader = joblog._StreamReader(io.BytesIO(data))
-    cursor = joblog._Cursor(full_from=full_from, lowest=0, position=len(data))
-    far = joblog._FarLines()
-    lines = joblog._lines_backward(
-        reader, len(data), block_size, len(data) + 1, cursor, far=far, out_of_time=lambda: False
+    data: bytes,
+    *,
+    full_from: int,
+    block_size: int,
+    is_root: Callable[[str], bool] = is_root_candidate,
+) -> tuple[list[Line], FarLines]:
+    reader = StreamReader(io.BytesIO(data))
+    cursor = Cursor(full_from=full_from, lowest=0, position=len(data))
+    far = FarLines()
+    lines = lines_backward(
+        reader,
+        len(data),
+        block_size,
+        len(data) + 1,
+        cursor,
+        far=far,
+        is_root=is_root,
+        out_of_time=lambda: False,
     )
     return list(lines), far
 
@@ -99,14 +122,14 @@ def test_far_from_the_end_exactly_the_lines_holding_a_trigger_are_read(
 ) -> None:
     pieces = [head + trigger + tail for head, trigger, tail in parts]
     data = b"\n".join(pieces)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(joblog, "_is_root_candidate", lambda text: "ROOT" in text)
-        roots, far = _read_back(data, full_from=len(data) + 1, block_size=block_size)
+    roots, far = _read_back(
+        data, full_from=len(data) + 1, block_size=block_size, is_root=lambda text: "ROOT" in text
+    )
     found = sorted([(line.offset, line.raw) for line in roots] + [(o, r) for o, _, r in far.lines])
     wanted = [
         (offset, raw)
         for offset, raw in _lines(data)
-        if any(trigger in raw for trigger in joblog._ROOT_TRIGGERS)
+        if any(trigger in raw for trigger in ROOT_TRIGGERS)
     ]
     assert found == wanted
     assert all(b"ROOT" in line.raw for line in roots)
@@ -270,22 +293,20 @@ def test_a_descriptor_of_a_pipe_is_refused() -> None:
         os.close(write_end)
 
 
-def _fake_candidates(monkeypatch: pytest.MonkeyPatch, rule: Callable[[str], bool]) -> list[str]:
+def _counting_judge(rule: Callable[[str], bool]) -> tuple[list[str], Callable[[str], bool]]:
+    """A judge of root candidates by `rule` that keeps each line it was asked about."""
     judged: list[str] = []
 
     def judge(text: str) -> bool:
         judged.append(text)
         return rule(text)
 
-    monkeypatch.setattr(joblog, "_is_root_candidate", judge)
-    return judged
+    return judged, judge
 
 
-def test_a_cascade_shape_is_judged_once_its_verdict_holds_for_any_digits(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    judged = _fake_candidates(monkeypatch, lambda text: "boom" in text)
-    memo = joblog._CandidateMemo()
+def test_a_cascade_shape_is_judged_once_its_verdict_holds_for_any_digits() -> None:
+    judged, judge = _counting_judge(lambda text: "boom" in text)
+    memo = CandidateMemo(judge)
     verdicts = [
         memo.is_root(b"[rank%d]:[E1120 ...] Watchdog Exception 0x%08x" % (rank, 7 * rank))
         for rank in range(1000, 1500)
@@ -303,23 +324,21 @@ def test_a_cascade_shape_is_judged_once_its_verdict_holds_for_any_digits(
     ],
 )
 def test_a_shape_whose_verdict_moves_with_its_digits_is_judged_line_by_line(
-    monkeypatch: pytest.MonkeyPatch, usual: bytes, decisive: bytes, rule: Callable[[str], bool]
+    usual: bytes, decisive: bytes, rule: Callable[[str], bool]
 ) -> None:
-    _fake_candidates(monkeypatch, rule)
-    memo = joblog._CandidateMemo()
+    _, judge = _counting_judge(rule)
+    memo = CandidateMemo(judge)
     for rank in range(100, 120):
         assert not memo.is_root(b"[rank%d] RuntimeError: got signal %s" % (rank, usual))
     assert memo.is_root(b"[rank121] RuntimeError: got signal " + decisive)
 
 
-def test_a_cascade_read_back_judges_each_shape_a_few_times(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_cascade_read_back_judges_each_shape_a_few_times() -> None:
     cascade = b"".join(_watchdog_dump(rank, 0, 0).encode() for rank in range(2000, 2400))
-    judged = _fake_candidates(monkeypatch, lambda text: False)
-    _read_back(cascade, full_from=len(cascade) + 1, block_size=WINDOW)
+    judged, judge = _counting_judge(lambda text: False)
+    _read_back(cascade, full_from=len(cascade) + 1, block_size=WINDOW, is_root=judge)
     trigger_lines = sum(
-        any(trigger in raw for trigger in joblog._ROOT_TRIGGERS) for _, raw in _lines(cascade)
+        any(trigger in raw for trigger in ROOT_TRIGGERS) for _, raw in _lines(cascade)
     )
     assert trigger_lines > 3000
     assert len(judged) < 200

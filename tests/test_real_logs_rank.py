@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.evidence.joblog import MAX_NOTES, _strip, scan_log
+from daemon.evidence.joblog import scan_log
 from daemon.evidence.launchers import PREFIXES, RankKind
+from daemon.evidence.log_events import MAX_NOTES
+from daemon.evidence.log_lines import strip_line
 from daemon.evidence.records import MAX_RANK, LogFindings, OomFamily, RootCause
 from daemon.evidence.xid import load_catalog
 from daemon.slurm.records import MAX_EXIT_CODE
@@ -371,7 +373,7 @@ HOOK = (
 def test_prefixes_are_stripped_keeping_the_rank_and_host_they_name(
     line: str, rank: int | None, kind: RankKind | None, node: str | None, body: str
 ) -> None:
-    assert _strip(line) == (rank, kind, node, body)
+    assert strip_line(line) == (rank, kind, node, body)
 
 
 def test_every_prefix_of_the_vocabulary_cites_its_source() -> None:

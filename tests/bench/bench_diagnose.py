@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from daemon.diagnosis import History, diagnose
-from daemon.evidence import joblog
-from daemon.evidence.joblog import scan_log
+from daemon.evidence.joblog import DEFAULT_BLOCK_SIZE, scan_log
+from daemon.evidence.log_lines import is_root_candidate
+from daemon.evidence.log_reader import Cursor, FarLines, FdReader, lines_backward
 from daemon.evidence.records import Evidence, LogFindings
 from daemon.owner_files import Owner, OwnerFiles
 
@@ -217,17 +218,18 @@ def _search_rate(path: Path, back: int) -> str:
         return "-"  # a scan that read its tail only has no rate to speak of
     fd = os.open(path, os.O_RDONLY)
     try:
-        reader = joblog._FdReader(fd)
+        reader = FdReader(fd)
         size = reader.size
-        cursor = joblog._Cursor(full_from=size + 1, lowest=0, position=size)
+        cursor = Cursor(full_from=size + 1, lowest=0, position=size)
         started = time.perf_counter()
-        for _ in joblog._lines_backward(
+        for _ in lines_backward(
             reader,
             size,
-            joblog.DEFAULT_BLOCK_SIZE,
+            DEFAULT_BLOCK_SIZE,
             back,
             cursor,
-            far=joblog._FarLines(),
+            far=FarLines(),
+            is_root=is_root_candidate,
             out_of_time=lambda: False,
         ):
             pass
