@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.importer import Analysis, ImporterError, Knob, Site, Status, analyse
-from daemon.importer.analysis import INT_KNOBS
-from daemon.importer.shell import tokenize
+from daemon.importer.lexer import tokenize
+from daemon.importer.readings import INT_KNOBS
 from tests.importer_corpus import (
     NOTED_MAPPINGS,
     SBATCH_DIR,

@@ -7,24 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.importer.lexer import MAX_NESTING, Part, PartKind, Token, TokenKind, Word, tokenize
 from daemon.importer.records import MAX_INPUT_CHARS, ImporterError
-from daemon.importer.shell import (
-    MAX_NESTING,
-    Case,
-    Chain,
-    Command,
-    Function,
-    Group,
-    If,
-    Loop,
-    Part,
-    PartKind,
-    Token,
-    TokenKind,
-    Word,
-    parse,
-    tokenize,
-)
+from daemon.importer.shell import Case, Chain, Command, Function, Group, If, Loop, parse
 
 
 def covers(text: str, tokens: tuple[Token, ...]) -> bool:

@@ -27,7 +27,7 @@ from daemon.imported import (
     write_value,
 )
 from daemon.importer import Analysis, Form, Knob, Site, Status, analyse
-from daemon.importer.analysis import INT_KNOBS
+from daemon.importer.readings import INT_KNOBS
 from daemon.templates import (
     KnobChange,
     LaunchTemplate,

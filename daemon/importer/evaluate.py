@@ -1,42 +1,50 @@
 """Walks a script the way bash would up to each launch, without running anything.
 
-Variables hold `Text`s, so a value keeps the place it was written however many assignments,
-`${X:-default}`s, strings and `bash -c` levels it goes through. What cannot be known before the
-job runs (`$1`, the environment, `$(cmd)`) stays opaque, as written. Branches whose condition
-can be decided from the script itself (`[ -n "$X" ]` with X assigned above, `case` on a known
-word) are taken or skipped like bash would; other branches are each walked on a copy of the
-variables and a variable they leave different becomes opaque ("depends on a condition").
+What each word is comes from `expansion` (variables hold `Text`s that keep where they were
+written; `$1`, the environment, `$(cmd)` stay opaque). This decides which commands run: branches
+whose condition can be decided from the script itself (`[ -n "$X" ]` with X assigned above,
+`case` on a known word) are taken or skipped like bash would; other branches are each walked on
+a copy of the variables and a variable they leave different becomes opaque ("depends on a
+condition").
 
 Commands that run other shell code are followed: `bash -c STRING`, `bash FILE`, `source FILE`,
 `./script.sh`, functions. Commands that start a training program are handed to the caller as
 `Call`s; files the script writes with a here-document (`cat <<EOF > ds.json`) are kept as
-virtual files. Work is bounded: nesting depth, commands walked and characters re-read.
+virtual files. Work is bounded: nesting depth, commands walked and characters re-read. The walk
+stays one piece of some 650 lines: its node and command handlers recurse into each other (a
+function body, `bash -c`, a sourced file) under one set of bounds.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import posixpath
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from daemon.importer.records import Form
+from daemon.importer.expansion import (
+    NAME,
+    WORKDIR,
+    Env,
+    Shell,
+    Source,
+    Var,
+    assign,
+    expand_heredoc,
+    expand_single,
+    expand_words,
+    read_assignment,
+)
+from daemon.importer.lexer import PartKind, Word, tokenize
 from daemon.importer.shell import (
     Case,
     Chain,
     Command,
-    Function,
     Group,
-    Heredoc,
     If,
     Loop,
     Node,
-    Part,
-    PartKind,
-    Word,
     parse_tokens,
-    tokenize,
 )
 from daemon.importer.values import MAX_FRAMES, Frame, Seg, Text, join, written_length
 from daemon.importer.vocabulary import NOT_LAUNCHERS, launcher_kind
@@ -46,10 +54,7 @@ MAX_COMMANDS = 20_000  # commands walked per analysis (a script has a few hundre
 MAX_REREAD_CHARS = 4_000_000  # characters re-tokenized for nested strings and files, in all
 MAX_CALLS = 256  # launch commands read per analysis (a script has one or two)
 
-WORKDIR = "the working directory"
 _OPAQUE_MASK = "\x01"  # stands for a run-time value inside a string read again as code
-_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<index>[^\]]*)\])?(?P<op>\+?=)")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
 _SOURCE = frozenset({"source", "."})
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
@@ -63,70 +68,6 @@ _TEST_INT = {
     "-gt": lambda a, b: a > b,
     "-ge": lambda a, b: a >= b,
 }
-
-
-@dataclass(frozen=True)
-class Var:
-    value: Text
-    items: tuple[Text, ...] | None = None  # an array's elements
-    exported: bool = False
-
-
-class Env(dict[str, Var]):
-    """Variables that remember which names were assigned since this copy was made, so merging
-    branches costs what the branches changed, not the number of variables."""
-
-    __slots__ = ("changed",)
-
-    def __init__(self, items: Mapping[str, Var] | None = None) -> None:
-        super().__init__(items or {})
-        self.changed: set[str] = set()
-
-    def __setitem__(self, name: str, var: Var) -> None:
-        super().__setitem__(name, var)
-        self.changed.add(name)
-
-    def forget(self, name: str) -> None:
-        self.pop(name, None)
-        self.changed.add(name)
-
-
-@dataclass
-class Shell:
-    """One shell process's state: what `$X` gives, `$1`..., functions, working directory."""
-
-    env: Env
-    positional: tuple[Text, ...] | None  # None: the arguments are only known at run time
-    functions: dict[str, tuple[Function, Source]] = field(default_factory=dict)
-    cwd: Text | None = field(default_factory=Text)  # relative to the submit directory
-    wrappers: tuple[Text, ...] = ()  # what runs this shell: srun and its options, `bash -c`...
-
-    def copy(self) -> Shell:
-        return Shell(Env(self.env), self.positional, dict(self.functions), self.cwd, self.wrappers)
-
-    def child(self, positional: tuple[Text, ...] | None, wrappers: tuple[Text, ...]) -> Shell:
-        """A new bash process started by `wrappers`: it sees exported variables only."""
-        env = Env({name: var for name, var in self.env.items() if var.exported})
-        return Shell(env, positional, {}, self.cwd, self.wrappers + wrappers)
-
-
-@dataclass(frozen=True)
-class Source:
-    """Shell text being walked: a file, or an expanded string whose characters are `mapped`."""
-
-    file: str  # the file its characters were read from (for a string: the enclosing file)
-    text: str
-    mapped: Text | None = None  # None: `text` is the file itself
-
-    def chars(self, start: int, end: int, form: Form) -> Text:
-        if self.mapped is None:
-            return Text.written(self.file, start, self.text[start:end], form)
-        return self.mapped.slice(start, end)
-
-    def place(self, start: int, form: Form) -> tuple[str, int, Form | None] | None:
-        if self.mapped is None:
-            return self.file, start, form
-        return self.mapped.origin_at(start)
 
 
 @dataclass(frozen=True)
@@ -317,11 +258,11 @@ class Evaluator:
             self._walk(node.orelse, source, shell)
 
     def _case(self, node: Case, source: Source, shell: Shell) -> None:
-        subject = self._expand_single(node.subject, source, shell) if node.subject else None
+        subject = expand_single(node.subject, source, shell) if node.subject else None
         if subject is not None and not subject.opaque:
             for item in node.items:
                 for pattern in item.patterns:
-                    text = self._expand_single(pattern, source, shell)
+                    text = expand_single(pattern, source, shell)
                     if not text.opaque and fnmatch.fnmatchcase(subject.plain, text.plain):
                         self._walk(item.body, source, shell)
                         return
@@ -334,12 +275,12 @@ class Evaluator:
         prefix = [
             assignment
             for word in node.assignments
-            if (assignment := self._assignment(word, source, shell)) is not None
+            if (assignment := read_assignment(word, source, shell)) is not None
         ]
-        fields = self._expand_words(node.words, source, shell)
+        fields = expand_words(node.words, source, shell)
         if not node.words:
             for name, var, append in prefix:
-                _assign(shell, name, var, append)
+                assign(shell, name, var, append)
             return True
         program = fields[0].plain if fields else ""
         if program in _DECLARE:
@@ -521,26 +462,26 @@ class Evaluator:
             if raw.startswith("-"):
                 exported = exported or "x" in raw.lstrip("-")
                 continue
-            assignment = self._assignment(word, source, shell)
+            assignment = read_assignment(word, source, shell)
             if assignment is not None:
                 name, var, append = assignment
-                _assign(shell, name, replace(var, exported=exported), append)
-            elif _NAME.match(raw) and exported and raw in shell.env:
+                assign(shell, name, replace(var, exported=exported), append)
+            elif NAME.match(raw) and exported and raw in shell.env:
                 shell.env[raw] = replace(shell.env[raw], exported=True)
 
     def _read(self, node: Command, fields: list[Text], source: Source, shell: Shell) -> None:
         """`read -r -d '' X <<EOF` keeps the body; `read -ra X <<< "$Y"` splits Y; any other
         read is run-time input."""
-        names = [f.plain for f in fields[1:] if _NAME.match(f.plain)]
+        names = [f.plain for f in fields[1:] if NAME.match(f.plain)]
         array = any(f.plain.startswith("-") and "a" in f.plain for f in fields[1:])
         if not names:
             return
         body: Text | None = None
         for redirect in node.redirects:
             if redirect.heredoc is not None:
-                body = self._heredoc(redirect.heredoc, source, shell)
+                body = expand_heredoc(redirect.heredoc, source, shell)
             elif redirect.op == "<<<" and redirect.target is not None:
-                body = self._expand_single(redirect.target, source, shell)
+                body = expand_single(redirect.target, source, shell)
         name = names[-1]
         if body is None or (body.opaque and array):
             shell.env[name] = Var(Text.unknown(f"${name}", "read at run time"))
@@ -572,292 +513,15 @@ class Evaluator:
         target: Text | None = None
         for redirect in node.redirects:
             if redirect.op in {">", ">>", ">|"} and redirect.target is not None:
-                target = self._expand_single(redirect.target, source, shell)
+                target = expand_single(redirect.target, source, shell)
         if target is None and fields[0].plain == "tee" and len(fields) > 1:
             target = fields[-1]
         if target is None:
             return False
         path = resolve(target, shell.cwd)
         key = path if path is not None else target.plain
-        self.virtual[key] = self._heredoc(heredoc, source, shell)
+        self.virtual[key] = expand_heredoc(heredoc, source, shell)
         return True
-
-    def _heredoc(self, heredoc: Heredoc, source: Source, shell: Shell) -> Text:
-        if heredoc.quoted:
-            return source.chars(heredoc.start, heredoc.body_end, Form.HEREDOC_LITERAL)
-        pieces = self._parts(heredoc.parts, source, shell, context=Form.HEREDOC)
-        return join((piece.text for piece in pieces), "")
-
-    # ------------------------------------------------------------ expansion
-
-    def _assignment(self, word: Word, source: Source, shell: Shell) -> tuple[str, Var, bool] | None:
-        """`NAME=value`, `NAME+=value`, `NAME=(a b c)`: no field splitting for scalars; None
-        for a word that only looks like one (`X[$i]=v`)."""
-        first = word.parts[0]
-        if first.kind is PartKind.ARRAY:
-            match = _ASSIGNMENT.match(first.name)
-            if match is None:
-                return None
-            items: list[Text] = []
-            for element in first.elements:
-                items.extend(self._expand_word(element, source, shell))
-            value = items[0] if items else Text()
-            return match.group("name"), Var(value, tuple(items)), match.group("op") == "+="
-        raw = source.text[first.start : first.end]
-        match = _ASSIGNMENT.match(raw) if first.kind is PartKind.LITERAL else None
-        if match is None:
-            return None
-        rest_start = first.start + match.end()
-        parts = (Part(PartKind.LITERAL, rest_start, first.end), *word.parts[1:])
-        pieces = self._parts(parts, source, shell, context=Form.SHELL_WORD)
-        value = join((piece.text for piece in pieces), "")
-        if match.group("index") is not None:
-            name = match.group("name")
-            previous = shell.env.get(name)
-            items = list(previous.items) if previous and previous.items else []
-            return name, Var(previous.value if previous else value, tuple(items)), False
-        return match.group("name"), Var(value), match.group("op") == "+="
-
-    def _expand_words(self, words: tuple[Word, ...], source: Source, shell: Shell) -> list[Text]:
-        fields: list[Text] = []
-        for word in words:
-            fields.extend(self._expand_word(word, source, shell))
-        return fields
-
-    def _expand_single(self, word: Word, source: Source, shell: Shell) -> Text:
-        pieces = self._parts(word.parts, source, shell, context=Form.SHELL_WORD)
-        return join((piece.text for piece in pieces), "")
-
-    def _expand_word(self, word: Word, source: Source, shell: Shell) -> list[Text]:
-        """A word's fields: unquoted expansions split at blanks, "$@"-like ones into many."""
-        fields: list[Text] = []
-        current = Text()
-        started = False
-        for piece in self._parts(word.parts, source, shell, context=Form.SHELL_WORD):
-            if piece.brk:
-                if started:
-                    fields.append(current)
-                current, started = Text(), False
-                continue
-            if not piece.split:
-                current = current + piece.text
-                started = started or piece.quoted or bool(piece.text)
-                continue
-            parts, leading, trailing = piece.text.split_blanks()
-            if leading and started:
-                fields.append(current)
-                current, started = Text(), False
-            for index, part in enumerate(parts):
-                if index:
-                    fields.append(current)
-                    current = Text()
-                current = current + part
-                started = True
-            if trailing and parts:
-                fields.append(current)
-                current, started = Text(), False
-        if started:
-            fields.append(current)
-        return fields
-
-    def _parts(
-        self, parts: tuple[Part, ...], source: Source, shell: Shell, context: Form
-    ) -> list[_Piece]:
-        """Expand parts into pieces; `context` is the quoting they sit in."""
-        pieces: list[_Piece] = []
-        quoted = context is not Form.SHELL_WORD
-        text_form = context if quoted else Form.SHELL_WORD
-        for part in parts:
-            kind = part.kind
-            if kind in {PartKind.LITERAL, PartKind.QUOTED_TEXT}:
-                pieces.append(_Piece(source.chars(part.start, part.end, text_form), quoted=quoted))
-            elif kind in {PartKind.ESCAPE, PartKind.QUOTED_ESCAPE}:
-                pieces.append(_Piece(source.chars(part.start + 1, part.end, text_form), True))
-            elif kind is PartKind.CONTINUATION:
-                continue
-            elif kind is PartKind.SINGLE_QUOTED:
-                inner = source.chars(
-                    part.start + 1, max(part.end - 1, part.start + 1), Form.SINGLE_QUOTED
-                )
-                pieces.append(_Piece(inner, quoted=True))
-            elif kind is PartKind.ANSI_C:
-                raw = source.text[part.start + 2 : max(part.end - 1, part.start + 2)]
-                if "\\" in raw:
-                    pieces.append(_Piece(Text.derived(_ansi_c(raw)), quoted=True))
-                else:
-                    pieces.append(
-                        _Piece(
-                            source.chars(part.start + 2, part.start + 2 + len(raw), Form.ANSI_C),
-                            quoted=True,
-                        )
-                    )
-            elif kind is PartKind.DOUBLE_QUOTED:
-                children = self._parts(part.children, source, shell, context=Form.DOUBLE_QUOTED)
-                if not children:
-                    pieces.append(_Piece(Text(), quoted=True))
-                pieces.extend(children)
-            elif kind is PartKind.PARAM:
-                pieces.extend(self._param(part, source, shell, context))
-            else:
-                expression = source.text[part.start : part.end]
-                why = _OPAQUE_WHY.get(kind, "computed at run time")
-                if expression in {"$(pwd)", "`pwd`"}:
-                    why = WORKDIR
-                place = source.place(part.start, text_form)
-                pieces.append(
-                    _Piece(Text.unknown(expression, why, place), split=not quoted, quoted=quoted)
-                )
-        return pieces
-
-    def _param(self, part: Part, source: Source, shell: Shell, context: Form) -> list[_Piece]:
-        quoted = context is not Form.SHELL_WORD
-        form = context if quoted else Form.SHELL_WORD
-        expression = source.text[part.start : part.end]
-        place = source.place(part.start, form)
-
-        def unknown(why: str) -> Text:
-            return Text.unknown(expression, why, place)
-
-        def through(value: Text) -> Text:
-            if place is None or not value:
-                return value
-            file, start, where = place
-            return value.through(file, start, start + len(expression), where or form)
-
-        name, op = part.name, part.op
-        if name in {"@", "*"}:
-            if shell.positional is None:
-                return [_Piece(unknown("the script's arguments"), split=not quoted, quoted=quoted)]
-            return self._many(list(shell.positional), name == "@" and quoted, quoted, through)
-        if part.index in {"@", "*"} and op == "":
-            var = shell.env.get(name)
-            if var is None:
-                return [_Piece(unknown("not set in the script"), split=not quoted, quoted=quoted)]
-            items = list(var.items) if var.items is not None else [var.value]
-            return self._many(items, part.index == "@" and quoted, quoted, through)
-        if op in {"len", "other"}:
-            return [_Piece(unknown("computed at run time"), split=not quoted, quoted=quoted)]
-        value = self._lookup(name, part.index, shell)
-        if value is None and op and name in SLURM_JOB_VARIABLES:
-            value = unknown(_unset_why(name))  # `${SLURM_NNODES:-1}`: the default is never used
-        is_set = value is not None and (not op.startswith(":") or value.opaque or bool(value))
-        if op == "":
-            result = through(value) if value is not None else unknown(_unset_why(name))
-        elif op in {"-", ":-", "=", ":="}:
-            if is_set and value is not None:
-                result = through(value)
-            else:
-                default = self._operand(part, source, shell, context)
-                if op in {"=", ":="} and _NAME.match(name):
-                    _assign(shell, name, Var(default), append=False)
-                result = default
-        elif op in {"?", ":?"}:
-            result = (
-                through(value)
-                if is_set and value is not None
-                else unknown(f"required at run time ({name})")
-            )
-        elif value is not None and value.opaque:  # + and :+ on a value known at run time only
-            result = unknown("depends on whether it is set at run time")
-        else:
-            result = self._operand(part, source, shell, context) if is_set else Text()
-        return [_Piece(result, split=not quoted, quoted=quoted)]
-
-    def _many(
-        self, items: list[Text], separate: bool, quoted: bool, through: Callable[[Text], Text]
-    ) -> list[_Piece]:
-        if not separate:
-            return [_Piece(through(join(items)), split=not quoted, quoted=quoted)]
-        pieces: list[_Piece] = []
-        for index, item in enumerate(items):
-            if index:
-                pieces.append(_Piece(Text(), brk=True))
-            pieces.append(_Piece(through(item), quoted=True))
-        return pieces
-
-    def _operand(self, part: Part, source: Source, shell: Shell, context: Form) -> Text:
-        pieces = self._parts(part.children, source, shell, context)
-        return join((piece.text for piece in pieces), "")
-
-    def _lookup(self, name: str, index: str, shell: Shell) -> Text | None:
-        if name.isdigit():
-            if shell.positional is None:
-                return None if name != "0" else Text.unknown("$0", "the script's path")
-            position = int(name) - 1
-            if name == "0" or position >= len(shell.positional):
-                return None if name != "0" else Text.unknown("$0", "the script's path")
-            return shell.positional[position]
-        if name in {"#", "?", "$", "!", "-"}:
-            return Text.unknown(f"${name}", "computed at run time")
-        var = shell.env.get(name)
-        if var is None:
-            if name in {"PWD"}:
-                return Text.unknown("$PWD", WORKDIR)
-            return None
-        if index and var.items is not None:
-            if index.isdigit() and int(index) < len(var.items):
-                return var.items[int(index)]
-            return Text.unknown(f"${{{name}[{index}]}}", "an array element chosen at run time")
-        return var.value
-
-
-# Set by sbatch in every batch job (sbatch(1), OUTPUT ENVIRONMENT VARIABLES), whatever the
-# directives say: a default written for one of them is never what the job reads.
-SLURM_JOB_VARIABLES = frozenset(
-    {
-        "SLURM_JOB_ID",
-        "SLURM_JOBID",
-        "SLURM_JOB_NAME",
-        "SLURM_JOB_NODELIST",
-        "SLURM_NODELIST",
-        "SLURM_JOB_NUM_NODES",
-        "SLURM_NNODES",
-        "SLURM_SUBMIT_DIR",
-        "SLURM_SUBMIT_HOST",
-        "SLURM_CLUSTER_NAME",
-        "SLURM_JOB_PARTITION",
-        "SLURM_JOB_CPUS_PER_NODE",
-        "SLURM_NODEID",
-        "SLURM_PROCID",
-        "SLURM_LOCALID",
-    }
-)
-
-
-@dataclass(frozen=True)
-class _Piece:
-    text: Text
-    quoted: bool = False
-    split: bool = False  # an unquoted expansion: split at blanks
-    brk: bool = False  # a boundary between fields ("$@")
-
-
-_OPAQUE_WHY = {
-    PartKind.COMMAND_SUB: "a command's output at run time",
-    PartKind.ARITH: "arithmetic at run time",
-    PartKind.PROCESS_SUB: "a process substitution",
-}
-
-
-def _unset_why(name: str) -> str:
-    if name.isdigit():
-        return f"the script's argument ${name}, given at submission"
-    if name.startswith("SLURM"):
-        return "set by Slurm in the job"
-    return "not set in the script: from the environment"
-
-
-def _assign(shell: Shell, name: str, var: Var, append: bool) -> None:
-    previous = shell.env.get(name)
-    if append and previous is not None:
-        if var.items is not None:
-            items = (previous.items or (previous.value,)) + var.items
-            var = Var(items[0], items, previous.exported or var.exported)
-        else:
-            var = Var(previous.value + var.value, None, previous.exported or var.exported)
-    elif previous is not None and previous.exported:
-        var = replace(var, exported=True)
-    shell.env[name] = var
 
 
 def _merge(shell: Shell, results: list[Shell]) -> None:
@@ -975,11 +639,6 @@ def _word_end(word: Word) -> int:
             break
         end = part.start
     return end
-
-
-def _ansi_c(raw: str) -> str:
-    escapes = {"n": "\n", "t": "\t", "\\": "\\", "'": "'", '"': '"', "a": "\a", "r": "\r"}
-    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), "\\" + m.group(1)), raw)
 
 
 def resolve(path: Text, cwd: Text | None) -> str | None:
