@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from daemon.config import Settings
-from daemon.diagnosis import Diagnosis, History, diagnose, with_suspicious_text
+from daemon.diagnosis import Diagnosis, History
 from daemon.dialects.base import Dialect
 from daemon.evidence.prober import NodeProber
 from daemon.evidence.records import Evidence
@@ -40,6 +40,7 @@ from daemon.planner import (
     planned_fix,
 )
 from daemon.policy import ProposalFacts, decide
+from daemon.rules.dispatch import diagnose, with_suspicious_text
 from daemon.slurm.records import JobState, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records

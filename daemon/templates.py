@@ -1,5 +1,10 @@
 """Launch templates: typed knobs, sandboxed rendering, and revisions made by typed patches.
 
+One module over 500 lines for now, not for want of seams (the Jinja sandbox, the TOML reading,
+the revisions below "patches and revisions") but because the relaunch and first-submission
+code, reworked beside this split, imports each of them by name: the revisions move out first,
+together with those imports.
+
 A template is a directory holding `template.toml` (name, dialect, knobs, env, sbatch options,
 free variables, checkpoint layout) and a Jinja2 sbatch script, or, for a template imported from
 an existing script (`imported = true`), that script verbatim and copies of the config files it
@@ -62,17 +67,12 @@ from daemon.imported import (
     checkpoint_of,
     copy_name_ok,
     invariant_terms,
-    read_imported,
-    splice,
 )
+from daemon.imported_reading import read_imported
+from daemon.imported_render import splice
 from daemon.importer import ImporterError, Knob
-from daemon.owner_files import (
-    MAX_TEMPLATE_FILE_BYTES,
-    TEMPLATE_FILE,
-    OwnerFiles,
-    OwnerReadRefused,
-    TemplateTexts,
-)
+from daemon.owner_files import OwnerFiles, OwnerReadRefused, TemplateTexts
+from daemon.owner_serve import MAX_TEMPLATE_FILE_BYTES, TEMPLATE_FILE
 
 REVISIONS_DIR = "revisions"
 _MAX_SCRIPT_BYTES = MAX_TEMPLATE_FILE_BYTES

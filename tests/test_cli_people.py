@@ -20,7 +20,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from daemon.cli import main
-from daemon.commands.people import invoking_person, parse_since
+from daemon.commands.people import invoking_person
+from daemon.commands.record_views import parse_since
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.evidence.records import (
     Evidence,

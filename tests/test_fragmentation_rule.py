@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from daemon.diagnosis import Confidence, Diagnosis, FailureKind, History, diagnose
+from daemon.diagnosis import Confidence, Diagnosis, FailureKind, History
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport
 from daemon.gather import template_expandable_segments
+from daemon.rules.dispatch import diagnose
 from daemon.templates import load_template, validate_knobs
 from tests.corpus import (
     KIND_AS_RULE,

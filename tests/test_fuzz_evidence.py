@@ -16,10 +16,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.diagnosis import Diagnosis, History, diagnose
+from daemon.diagnosis import Diagnosis, History
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.log_events import MAX_NOTES
-from daemon.evidence.oom import MAX_MESSAGE_CHARS, parse_oom, parse_oom_block
+from daemon.evidence.oom import parse_oom, parse_oom_block
+from daemon.evidence.oom_message import MAX_MESSAGE_CHARS
 from daemon.evidence.records import (
     MAX_GPU_INDEX,
     MAX_PID,
@@ -46,6 +47,7 @@ from daemon.evidence.units import (
     format_size,
     parse_size,
 )
+from daemon.rules.dispatch import diagnose
 from daemon.slurm.records import MAX_EXIT_CODE, JobState
 from tests.bench.bench_hostile import (
     DIGIT_RUNS_LOG,

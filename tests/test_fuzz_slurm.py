@@ -43,13 +43,9 @@ from daemon.slurm.records import (
     SlurmNode,
     SlurmStep,
 )
-from daemon.slurm.sacct import (
-    PARSABLE_DELIMITER,
-    PARSABLE_FIELDS,
-    SacctReport,
-    parse_sacct_json,
-    parse_sacct_parsable,
-)
+from daemon.slurm.sacct import PARSABLE_DELIMITER, PARSABLE_FIELDS, SacctReport
+from daemon.slurm.sacct_json import parse_sacct_json
+from daemon.slurm.sacct_parsable import parse_sacct_parsable
 from daemon.slurm.scontrol import (
     parse_node_state,
     parse_nodes_json,

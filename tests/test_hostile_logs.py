@@ -12,7 +12,7 @@ import tracemalloc
 
 import pytest
 
-from daemon.diagnosis import Confidence, FailureKind, History, diagnose
+from daemon.diagnosis import Confidence, FailureKind, History
 from daemon.evidence.joblog import MAX_KEPT_LINES, scan_log
 from daemon.evidence.log_analysis import MAX_TASK_RANGES
 from daemon.evidence.log_events import MAX_TRACEBACK_FRAMES
@@ -26,6 +26,7 @@ from daemon.evidence.records import (
     OomReport,
 )
 from daemon.evidence.units import GIB, MAX_BYTES
+from daemon.rules.dispatch import diagnose
 from tests.bench.bench_hostile import (
     DIGIT_RUNS_LOG,
     HOOK_MESSAGE,

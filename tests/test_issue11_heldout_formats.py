@@ -8,10 +8,11 @@ import io
 
 import pytest
 
-from daemon.diagnosis import BEYOND_ANY_DEVICE_BYTES, FailureKind
+from daemon.diagnosis import FailureKind
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import LogFindings, OomFamily, Phase, RootCause
+from daemon.rules.device_oom import BEYOND_ANY_DEVICE_BYTES
 from tests.corpus import LOGS_DIR, MESSAGES_DIR, load_log_labels, load_message_labels
 from tests.test_fragmentation_rule import verdict_of
 

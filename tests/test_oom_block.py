@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.evidence.oom import MAX_BLOCK_LINES, MAX_MESSAGE_CHARS, parse_oom_block
+from daemon.evidence.oom import parse_oom_block
+from daemon.evidence.oom_message import MAX_BLOCK_LINES, MAX_MESSAGE_CHARS
 from daemon.evidence.records import OomFamily
 
 GIB = 1024**3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.evidence import oom
+from daemon.evidence import oom_family
 from daemon.evidence.oom import parse_oom
 from daemon.evidence.units import KIB, MAX_BYTES, SizeParseError, format_size, parse_size
 
@@ -115,12 +115,12 @@ FAMILY_WORDS = st.sampled_from(
 def test_the_literal_prefilter_never_hides_a_match(text: str) -> None:
     # detect_family runs a family's patterns only where one of its words is in the line
     for pattern, words in (
-        (oom._HOST_RAM, oom._HOST_RAM_WORDS),
-        (oom._TORCH_OOM, oom._TORCH_WORDS),
-        (oom._XLA, oom._XLA_WORDS),
-        (oom._XLA_CERTAIN, oom._XLA_WORDS),
-        (oom._KV_CACHE, oom._KV_CACHE_WORDS),
-        (oom._LIBRARY_HANDLE, oom._LIBRARY_HANDLE_WORDS),
+        (oom_family._HOST_RAM, oom_family._HOST_RAM_WORDS),
+        (oom_family._TORCH_OOM, oom_family._TORCH_WORDS),
+        (oom_family._XLA, oom_family._XLA_WORDS),
+        (oom_family._XLA_CERTAIN, oom_family._XLA_WORDS),
+        (oom_family._KV_CACHE, oom_family._KV_CACHE_WORDS),
+        (oom_family._LIBRARY_HANDLE, oom_family._LIBRARY_HANDLE_WORDS),
     ):
         if pattern.search(text):
             assert any(word in text for word in words), (pattern.pattern[:40], text)

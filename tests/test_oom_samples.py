@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.evidence.oom import host_ram_is_certain, parse_oom
+from daemon.evidence.oom import parse_oom
+from daemon.evidence.oom_family import host_ram_is_certain
 from daemon.evidence.records import OomFamily, OtherProcess
 
 DATA = Path(__file__).parent / "data" / "oom"

@@ -18,13 +18,9 @@ import pytest
 
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.evidence.records import OomFamily
-from daemon.owner_files import (
-    Owner,
-    OwnerFiles,
-    OwnerReadRefused,
-    RefusalKind,
-    answer,
-)
+from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused
+from daemon.owner_serve import answer
+from daemon.owner_walk import RefusalKind
 
 DATA = Path(__file__).parent / "data" / "logs"
 SECRET = b"root-only: the owner must never see this line\n"

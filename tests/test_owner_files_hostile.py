@@ -18,15 +18,9 @@ from sqlalchemy.orm import Session
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.config import Settings
 from daemon.gather import OwnerJobFiles, read_log_findings
-from daemon.owner_files import (
-    MAX_TEMPLATE_CONFIGS,
-    MAX_TEMPLATE_FILE_BYTES,
-    Owner,
-    OwnerFiles,
-    OwnerReadRefused,
-    RefusalKind,
-    job_tree,
-)
+from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused, job_tree
+from daemon.owner_serve import MAX_TEMPLATE_CONFIGS, MAX_TEMPLATE_FILE_BYTES
+from daemon.owner_walk import RefusalKind
 from daemon.pipeline import PipelineDeps, handle_ended_job
 from daemon.store.models import AuditEvent, Lineage, LineageStatus
 from daemon.templates import TemplateError, TemplateReader, load_template, render

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from daemon.evidence.frame_phases import phase_of_frames
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.phases import (
     STALE_AFTER_SECONDS,
@@ -14,7 +15,6 @@ from daemon.evidence.phases import (
     clock_seconds,
     decide_phase,
     line_marker,
-    phase_of_frames,
 )
 from daemon.evidence.records import Phase
 from tests.corpus import LOGS_DIR

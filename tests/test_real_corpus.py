@@ -45,7 +45,7 @@ RULE_FAMILIES = frozenset(
 )
 GIB = 1024**3
 # Beyond any device: a size bug in the program, not memory pressure (issue 11 s.3); the
-# product's daemon.diagnosis.BEYOND_ANY_DEVICE_BYTES (twice the largest card sold, 288 GB).
+# product's daemon.rules.device_oom.BEYOND_ANY_DEVICE_BYTES (twice the largest card sold, 288 GB).
 ABSURD_REQUEST_BYTES = 512 * GIB
 
 

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.evidence.oom import (
-    MAX_BLOCK_LINES,
-    detect_family,
-    host_ram_is_certain,
-    parse_oom,
-    parse_oom_block,
-)
+from daemon.evidence.oom import parse_oom, parse_oom_block
+from daemon.evidence.oom_family import detect_family, host_ram_is_certain
+from daemon.evidence.oom_message import MAX_BLOCK_LINES
 from daemon.evidence.records import OomFamily, OomReport, OtherProcess
 from tests.corpus import (
     MESSAGES_DIR,

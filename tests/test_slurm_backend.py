@@ -27,7 +27,7 @@ from daemon.slurm.errors import (
     SubmissionError,
 )
 from daemon.slurm.records import RAW_CHARS, JobState, PathSource, QueuedJob, printable
-from daemon.slurm.sacct import parse_sacct_json
+from daemon.slurm.sacct_json import parse_sacct_json
 
 REAL = Path(__file__).parent / "data" / "slurm" / "dbv0.0.38"
 Answer = Callable[[tuple[str, ...]], CommandResult]

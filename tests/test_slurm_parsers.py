@@ -14,14 +14,9 @@ from hypothesis import strategies as st
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import expand_hostlist, fold_hostlist
 from daemon.slurm.records import JobState, NodeBaseState, PathSource, SlurmJob, printable
-from daemon.slurm.sacct import (
-    PARSABLE_DELIMITER,
-    PARSABLE_FIELDS,
-    JsonDialect,
-    fill_exit_codes,
-    parse_sacct_json,
-    parse_sacct_parsable,
-)
+from daemon.slurm.sacct import PARSABLE_DELIMITER, PARSABLE_FIELDS, JsonDialect
+from daemon.slurm.sacct_json import parse_sacct_json
+from daemon.slurm.sacct_parsable import fill_exit_codes, parse_sacct_parsable
 from daemon.slurm.sbatch import parse_sbatch_parsable
 from daemon.slurm.scontrol import (
     parse_node_state,

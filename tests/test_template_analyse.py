@@ -20,19 +20,19 @@ import pytest
 from click.testing import CliRunner, Result
 
 from daemon.cli import main
-from daemon.commands.import_report import (
+from daemon.commands.import_gather import (
     MAX_FILE_BYTES,
     MAX_FILES,
     MAX_ROUNDS,
-    READY,
     FileState,
     caller_reader,
     gather,
     read_script,
-    report_document,
 )
+from daemon.commands.import_json import READY, report_document
 from daemon.importer import Knob
-from daemon.owner_files import Owner, OwnerReadRefused, Refusal, RefusalKind
+from daemon.owner_files import Owner, OwnerReadRefused, Refusal
+from daemon.owner_walk import RefusalKind
 from tests.importer_corpus import (
     NOTED_MAPPINGS,
     SBATCH_DIR,

@@ -17,15 +17,8 @@ from hypothesis import strategies as st
 from daemon.checkpoints import CheckpointLayout, CheckpointSpec
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.dialects.base import KnobKind
-from daemon.imported import (
-    COPY_DELIMITER,
-    COPY_ROOT,
-    IMPORTED_SCRIPT,
-    Writing,
-    config_copies,
-    elsewhere_of,
-    write_value,
-)
+from daemon.imported import COPY_DELIMITER, IMPORTED_SCRIPT, Writing, config_copies, elsewhere_of
+from daemon.imported_render import COPY_ROOT, write_value
 from daemon.importer import Analysis, Form, Knob, Site, Status, analyse
 from daemon.importer.readings import INT_KNOBS
 from daemon.templates import (

@@ -18,11 +18,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from daemon.commands.terminal import printable
-from daemon.diagnosis import Diagnosis, FailureKind, History, diagnose, with_suspicious_text
+from daemon.diagnosis import Diagnosis, FailureKind, History
 from daemon.evidence.findings import confine_to_allocation, merge_findings
 from daemon.evidence.joblog import LogReadError, scan_log
 from daemon.evidence.records import Evidence, LogFindings
 from daemon.evidence.units import format_size
+from daemon.rules.dispatch import diagnose, with_suspicious_text
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
 from remediators.allocator import alloc_option

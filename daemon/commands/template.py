@@ -17,20 +17,21 @@ from typing import NoReturn
 
 import click
 
-from daemon.commands.import_report import (
-    DOCUMENT_KEYS,
-    NOT_MANAGED,
+from daemon.commands.import_gather import (
     Gathered,
     ScriptUnreadable,
     caller_reader,
-    config_lines,
-    configs_json,
     gather,
-    import_document,
     read_script,
-    report_document,
-    report_lines,
 )
+from daemon.commands.import_json import (
+    DOCUMENT_KEYS,
+    NOT_MANAGED,
+    configs_json,
+    import_document,
+    report_document,
+)
+from daemon.commands.import_report import config_lines, report_lines
 from daemon.commands.terminal import printable, printable_json
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import KnobError
@@ -42,7 +43,8 @@ from daemon.imported import (
     invariant_terms,
 )
 from daemon.importer import ImporterError, Knob, parse_knob_mapping
-from daemon.owner_files import TEMPLATE_FILE, Owner
+from daemon.owner_files import Owner
+from daemon.owner_serve import TEMPLATE_FILE
 from daemon.templates import (
     KnobChange,
     Patch,

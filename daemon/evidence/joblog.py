@@ -21,7 +21,7 @@ root failure, its traceback and a step before it are all in hand: a failure at t
 its tail only, whatever the log's size. Then it reads the kept lines forward,
 tracking each rank's traceback separately (lines of different ranks interleave), and takes
 the earliest root failure: an OOM, a GPU fault or another exception, or a worker's death as its
-launcher reported it (`launchers.DEATH_LINES`, torchrun's Root Cause table, srun's task lines).
+launcher reported it (`death_lines.DEATH_LINES`, torchrun's Root Cause table, srun's task lines).
 The cascade it sets off (collective timeouts, broken communicators, the launcher's SIGTERMs;
 `failures.CASCADES`) is the root only when nothing else failed, and after a cancel of the whole
 job (a time limit) nothing is.

@@ -12,22 +12,24 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from daemon.evidence.failures import CANCEL, cascade_kind
-from daemon.evidence.launchers import (
-    C10_MESSAGE_RANK,
+from daemon.evidence.death_lines import (
     DEATH_DETAILS,
     DEATH_LINES,
-    DEFAULT_GROUP,
     DETAIL_WITHIN_LINES,
-    RANK_BLOCK_END,
-    RANK_BLOCK_START,
-    SHELL_PROMPT,
     SIGNALS,
     SRUN_ERROR,
     SRUN_EXIT,
     WRAPPED_CHARS,
     WRAPPED_HEADS,
     WRAPPED_WITHIN_LINES,
+)
+from daemon.evidence.failures import CANCEL, cascade_kind
+from daemon.evidence.launchers import (
+    C10_MESSAGE_RANK,
+    DEFAULT_GROUP,
+    RANK_BLOCK_END,
+    RANK_BLOCK_START,
+    SHELL_PROMPT,
     RankKind,
 )
 from daemon.evidence.log_events import (
@@ -192,7 +194,7 @@ def _failure_event(
 
 
 def _death_event(state: ScanState, offset: int, body: str, who: Who) -> Event | None:
-    """A launcher's line saying a worker died (`launchers.DEATH_LINES`, srun's task lines)."""
+    """A launcher's line saying a worker died (`death_lines.DEATH_LINES`, srun's task lines)."""
     for line in DEATH_LINES:
         if line.literal is not None and line.literal not in body:
             continue

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from daemon.evidence.death_lines import death_cause, signal_of
 from daemon.evidence.failures import HOST_RAM_KILLS, CascadeKind, cascade_kind, gpu_fault
-from daemon.evidence.launchers import death_cause, signal_of
 from daemon.evidence.log_lines import EXCEPTION, matchable
-from daemon.evidence.oom import detect_family, parse_oom_as
+from daemon.evidence.oom import parse_oom_as
+from daemon.evidence.oom_family import detect_family
 from daemon.evidence.records import GpuFault, OomFamily, OomReport, RootCause
 from daemon.evidence.steps import ProgressTracker
 from daemon.evidence.units import bounded_int
@@ -121,7 +122,7 @@ class TableEntry:
 
 @dataclass
 class Wrapped:
-    """The pieces of a launcher's hard-wrapped death line so far (`launchers.WRAPPED_HEADS`)."""
+    """The pieces of a launcher's hard-wrapped death line so far (`death_lines.WRAPPED_HEADS`)."""
 
     name: str
     offset: int

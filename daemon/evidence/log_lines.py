@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from daemon.evidence.failures import CASCADES, gpu_fault
 from daemon.evidence.launchers import MAX_PREFIXES, PREFIXES, RankKind
-from daemon.evidence.oom import detect_family
+from daemon.evidence.oom_family import detect_family
 from daemon.evidence.records import MAX_PID, MAX_RANK, OomFamily
 from daemon.evidence.units import bounded_int
 

@@ -1,4 +1,7 @@
-"""The out-of-memory message parser: which software ran out, and every number it printed.
+"""The out-of-memory message parser: every number a message printed.
+
+Which software ran out (its family) is `oom_family`'s; cutting the message out of its lines and
+joining a wrapped one is `oom_message`'s.
 
 Pure: text in, `OomReport` out. Each figure is read by its own pattern, so a message cut in
 the middle (a truncated log) keeps the numbers it still holds and loses only the rest.
@@ -34,10 +37,9 @@ parenthetical), glued to other text (`whyCUDA out of memory`, `RuntimeError:CUDA
 repr or a JSON string, in markdown bold, followed by other text on its line, and wrapped over
 lines. `parse_oom_block` reads a message from its first line and the lines after it.
 
-Two families report a device short of memory without any figure: an inference engine that
-found no room for its KV cache (vLLM, SGLang), and cuBLAS/cuDNN failing to create a handle
-(`*_STATUS_NOT_INITIALIZED`, weak evidence: a broken install reads the same). A failed handle
-followed by a device OOM message (real/oom/062) is read as that message.
+The families that print no device figure (a host's RAM, an engine's KV cache, a library's failed
+handle) give only the message; a failed handle followed by a device OOM message
+(real/oom/062) is read as that message.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from daemon.evidence.oom_family import NO_DEVICE_FIGURES, detect_family
+from daemon.evidence.oom_message import (
+    MAX_BLOCK_LINES,
+    MAX_MESSAGE_CHARS,
+    around_message,
+    from_trigger,
+    joined_message,
+    message_lines,
+)
 from daemon.evidence.records import MAX_GPU_INDEX, MAX_PID, OomFamily, OomReport, OtherProcess
 from daemon.evidence.units import (
     MAX_BYTES,
@@ -56,13 +67,6 @@ from daemon.evidence.units import (
     bounded_int,
     size_from_parts,
 )
-
-MAX_MESSAGE_CHARS = 4096  # an OOM message is one long line; anything beyond is not its text
-MESSAGE_LEAD_CHARS = 200  # kept before the first trigger: the exception type and prefixes
-# The message's first line and those that may continue it: PyTorch 2.1's message hard-wrapped
-# at 80 columns takes 8 lines (tests/data/real/oom/075), the exception type alone on its line
-# one more (052).
-MAX_BLOCK_LINES = 9
 
 
 def _size(name: str) -> str:
@@ -79,21 +83,6 @@ def _mps_size(name: str) -> str:
     )
 
 
-# A size in a trigger: only its shape matters there (the figure is read later, exactly).
-_LOOSE_SIZE = r"[0-9][0-9.]{0,40} ?(?:bytes|[KMGTPE]iB)"
-_TORCH_OOM = re.compile(
-    r"(?:CUDA|HIP|XPU) out of memory\."
-    r"|(?<!java\.lang\.)OutOfMemoryError"  # java.lang.OutOfMemoryError is the JVM's heap
-    r"|MPS backend out of memory"
-    r"|Allocation on device [0-9]{1,4} would exceed allowed memory"  # cudaMallocAsync
-    # the message with its first words lost: from the request on (real/oom/035), the old
-    # parenthetical alone (036), or the 2.1+ capacity sentence
-    r"|Tried to allocate (?:more than 1EB|" + _LOOSE_SIZE + r" \(GPU )"
-    r"|\(GPU [0-9]{1,4}; " + _LOOSE_SIZE + r" total capac"
-    r"|GPU [0-9]{1,4} has a total capac(?:ity|ty) of [0-9]",
-    re.IGNORECASE,
-)
-_OUT_OF_MEMORY_SENTENCE = re.compile(r"out of memory\.", re.IGNORECASE)
 _REQUESTED = re.compile(r"Tried to allocate " + _size("v"))
 _REQUEST_BEYOND = re.compile(r"Tried to allocate more than 1EB")
 _GPU_INDEX = re.compile(r"\(GPU ([0-9]{1,30});|GPU ([0-9]{1,30}) has a total capac")
@@ -129,34 +118,7 @@ _ASYNC_LIMIT = re.compile(r"Device limit\s{0,40}: ?" + _size("v"))
 _ASYNC_FREE = re.compile(r"Free \(according to CUDA\)\s{0,40}: ?" + _size("v"))
 # The memory-fraction cap; 17179869184.00 GiB (2^64 bytes) is "no cap" and beyond MAX_BYTES.
 _ASYNC_CAP = re.compile(r"memory fraction\)\s{0,40}: ?" + _size("v"))
-# The message's last words, by era: once they are in, a following line is not its text.
-_TORCH_END = re.compile(
-    r"PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\b(?!=)"  # 1.11-2.1: "... Management and PYTORCH_..."
-    r"|environment-variables\)"  # 2.2+: the hint's URL
-    r"|unoccupied cached memory"  # XPU's hint
-    r"|HIGH_WATERMARK_RATIO"  # MPS's hint
-    r"|memory fraction\) ?: ?[0-9][0-9.]{0,40} ?(?:bytes|[KMGTPE]iB)"  # cudaMallocAsync's last
-    r"|(?:cached|inactive|in total by PyTorch)\)[^\w\s]{0,3}\s*\Z"  # 1.0-1.10, no hint after
-)
-# A line that starts a record of its own, never the wrapped rest of a message.
-_NEW_RECORD = re.compile(
-    r"\s*\Z"
-    r"|\s*(?:Traceback \(most recent call last\)|File \"|During handling of|The above exception"
-    r"|Exception raised from|frame #[0-9]|```|\"\"\"|''')"
-    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[ T_]"  # a timestamped record (logging, launchers)
-    r"|[IWEF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"  # glog
-    r"|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b"
-    r"|\[[^\]\n]{0,64}\]"  # a bracketed prefix: another rank's `[rank12]:`, a `[timestamp]`
-    r"|\([A-Za-z]\w{0,40} pid=[0-9]"  # a Ray or vLLM worker's `(RayWorkerWrapper pid=...`
-)
 
-_XLA = re.compile(r"RESOURCE_EXHAUSTED|Resource exhausted|OOM when allocating tensor", re.I)
-_XLA_MEMORY = re.compile(r"memory|allocat", re.IGNORECASE)
-# TensorFlow raises ResourceExhaustedError for its BFC allocator's OOM (real/oom/043).
-_XLA_CERTAIN = re.compile(r"ResourceExhaustedError")
-# The status ends the line: its message ("Out of memory while trying to allocate N bytes")
-# was wrapped onto the next one (real/oom/070: `Resource exhausted: Out ` / `of memory ...`).
-_XLA_WRAPPED = re.compile(r"(?:RESOURCE_EXHAUSTED|Resource exhausted): ?[^\n]{0,24}\Z", re.I)
 _XLA_REQUEST = re.compile(
     r"(?:trying to allocate|allocating) ([0-9]{1,30}) bytes|\(([0-9]{1,30})B\)"
 )
@@ -165,81 +127,8 @@ _XLA_REQUEST_SIZE = re.compile(
 )
 # TF's stream executor: `failed to allocate 32.00M (33554432 bytes) from device` (062, 063, 097)
 _BYTES_IN_PARENS = re.compile(r"\(([0-9]{1,30}) bytes\)")
-_NCCL = re.compile(r"NCCL WARN Cuda failure (?:\d+ )?'out of memory'")
 _NCCL_REQUEST = re.compile(r"Failed to CUDA calloc (?:async )?([0-9]{1,30}) bytes")
-_CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
-_CUDNN = re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)", re.IGNORECASE)
-_CUDA_RUNTIME = re.compile(
-    r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
-    r"|cuda runtime error \(2\) : out of memory"
-    r"|CUDA Exception: out of memory"  # Haskell accelerate-cuda (real/oom/099)
-    r"|error == cudaSuccess\. 2 vs 0\b"  # Caffe2's enforce; CUDA error 2 is out of memory (060)
-    r"|hipErrorOutOfMemory|HIP_ERROR_OutOfMemory"  # the HIP runtime, TF on ROCm (063)
-)
-# An inference engine sizing its KV cache at start, in the GPU memory left after the weights:
-# vLLM's V0 worker (vllm/worker/worker.py `raise_if_cache_size_invalid`: no blocks at all, or
-# fewer than one request of max_model_len), its V1 core (vllm/v1/core/kv_cache_utils.py
-# `check_enough_kv_cache_memory`), and SGLang's token pool (model_runner.py, later
-# pool_configurator.py: `max_total_num_tokens <= 0`). Real posts: real/oom/155-159.
-_KV_CACHE = re.compile(
-    r"No available memory for the cache blocks"
-    r"|is larger than the maximum number of tokens that can be stored in KV cache"
-    r"|KV cache is needed, which is larger than the available KV cache memory"
-    r"|Not enough memory\. Please try to increase --mem-fraction-static"
-)
-# cublasCreate / cudnnCreate return NOT_INITIALIZED when they cannot get the device resources a
-# handle needs (PyTorch `CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling
-# `cublasCreate(handle)``, `cuDNN error: CUDNN_STATUS_NOT_INITIALIZED`, TF's `could not create
-# cudnn handle: ...`; real/oom/177, 180, 181): in practice most often a device out of memory,
-# but a CUDA/cuDNN install that does not fit the card reads the same.
-_LIBRARY_HANDLE = re.compile(r"CU(?:BLAS|DNN)_STATUS_NOT_INITIALIZED")
-# ONNX Runtime's BFC arena (onnxruntime/core/framework/bfc_arena.cc, real/oom/094)
-_ONNX = re.compile(r"Failed to allocate memory for requested buffer of size [0-9]")
 _ONNX_REQUEST = re.compile(r"requested buffer of size ([0-9]{1,30})")
-_HOST_RAM = re.compile(
-    r"Detected \d+ oom[-_]kill event"
-    r"|oom[-_]kill event"
-    r"|: tasks? [\d\-,]+: Out Of Memory"
-    r"|Out of memory: Kill(?:ed)? process \d+"
-    r"|Memory cgroup out of memory"
-    r"|DataLoader worker \(pids?(?:\(s\))? [\d, ]+\) is killed by signal: Killed"
-    r"|\bKilled process \d+ \("
-    r"|[Ee]xceeded (?:job|step) memory limit"
-    r"|exceeded memory limit \(\d+ > \d+\), being killed"
-    # host-RAM signs that do not name the OOM killer: a SIGKILL, a failed host allocation
-    r"|(?P<weak>"
-    # a line of its own (not \s*, which would run across lines); markdown may bold it (107)
-    r"^[^\S\n]*(?:\*\*)?Killed(?:\*\*)?[^\S\n]*$"
-    r"|line \d+:\s+\d+ Killed\b"
-    r"|: tasks? [\d\-,]+: Killed\b"
-    r"|exitcode\s*:\s*-9\b"
-    r"|failed \(exitcode: -9\)"
-    r"|Signal 9 \(SIGKILL\) received"
-    r"|DefaultCPUAllocator: can't allocate memory"  # c10's CPU allocator (084, 085)
-    r"|not enough memory: you tried to allocate"  # TH's CPU allocator, PyTorch <= 0.4 (106)
-    r"|std::bad_alloc"  # C++ operator new (086)
-    # ENOMEM (errno 12, strerror "Cannot allocate memory") as Python's OSError prints it (a
-    # DataLoader's fork) and as the JVM's os::commit_memory does, with the JVM's own sentence
-    # (real/oom/195: a 128 MB container)
-    r"|\[Errno 12\] Cannot allocate memory"
-    r"|Cannot allocate memory'? \(errno=12\)"
-    r"|insufficient memory for the Java Runtime Environment"
-    r")",
-    re.MULTILINE,
-)
-_TRIGGERS = (
-    _HOST_RAM,
-    _NCCL,
-    _CUBLAS,
-    _CUDNN,
-    _TORCH_OOM,
-    _XLA,
-    _XLA_CERTAIN,
-    _CUDA_RUNTIME,
-    _ONNX,
-    _KV_CACHE,
-    _LIBRARY_HANDLE,
-)
 # Figures the block's second reading (wrapped lines glued without a space) may fill in.
 _FIGURES = (
     "requested_bytes",
@@ -256,75 +145,6 @@ _FIGURES = (
 )
 
 
-# Literal words each family's patterns cannot match without (a pattern's every alternative
-# holds one): `in` finds them at C speed, so the patterns run only on the few lines that may
-# match. A scan asks every line it reads, most of which report nothing.
-_HOST_RAM_WORDS = (
-    "oom-kill",
-    "oom_kill",
-    "Out Of Memory",
-    "cgroup out of memory",  # not "out of memory" alone: every GPU message holds that
-    "Out of memory",
-    "illed",
-    "xceeded",
-    "exitcode",
-    "SIGKILL",
-    "CPUAllocator",
-    "not enough memory",
-    "bad_alloc",
-    "Errno 12",
-    "errno=12",
-    "Java Runtime",
-)
-_TORCH_WORDS = ("emory", "EMORY", "llocate", "LLOCATE", "apac", "APAC")  # any case: see _TORCH_OOM
-_XLA_WORDS = ("xhausted", "XHAUSTED", "OOM when", "oom when")
-_KV_CACHE_WORDS = ("cache blocks", "KV cache", "mem-fraction-static")
-_LIBRARY_HANDLE_WORDS = ("NOT_INITIALIZED",)
-# Families whose report carries no device figure: the host's RAM, an engine's KV-cache sizing,
-# a library's failed handle.
-_NO_DEVICE_FIGURES = frozenset({OomFamily.HOST_RAM, OomFamily.KV_CACHE, OomFamily.LIBRARY_HANDLE})
-
-
-def _has_any(text: str, words: tuple[str, ...]) -> bool:
-    # a plain loop: `any()` over a generator costs more than the substring tests themselves
-    for word in words:  # noqa: SIM110
-        if word in text:
-            return True
-    return False
-
-
-def detect_family(text: str) -> OomFamily | None:
-    """Which OOM family a line belongs to, or None if it reports no out-of-memory."""
-    if _has_any(text, _HOST_RAM_WORDS) and _HOST_RAM.search(text):
-        return OomFamily.HOST_RAM
-    if _NCCL.search(text):
-        return OomFamily.NCCL
-    if _CUBLAS.search(text):
-        return OomFamily.CUBLAS
-    if _CUDNN.search(text):
-        return OomFamily.CUDNN
-    if _has_any(text, _TORCH_WORDS) and _TORCH_OOM.search(text):
-        return OomFamily.TORCH_ALLOCATOR
-    if _has_any(text, _XLA_WORDS) and (_XLA_CERTAIN.search(text) or _xla_status(text)):
-        return OomFamily.XLA
-    if _CUDA_RUNTIME.search(text):
-        return OomFamily.CUDA_RUNTIME
-    if _ONNX.search(text):
-        return OomFamily.ONNX_RUNTIME
-    # last: a text that holds a device OOM message too is that message's family
-    if _has_any(text, _KV_CACHE_WORDS) and _KV_CACHE.search(text):
-        return OomFamily.KV_CACHE
-    if _has_any(text, _LIBRARY_HANDLE_WORDS) and _LIBRARY_HANDLE.search(text):
-        return OomFamily.LIBRARY_HANDLE
-    return None
-
-
-def _xla_status(text: str) -> bool:
-    if _XLA.search(text) is None:
-        return False
-    return _XLA_MEMORY.search(text) is not None or _XLA_WRAPPED.search(text) is not None
-
-
 def parse_oom(text: str) -> OomReport | None:
     """The OOM report in `text` (one message, possibly with lines that follow it), or None."""
     family = detect_family(text)
@@ -333,7 +153,7 @@ def parse_oom(text: str) -> OomReport | None:
 
 def parse_oom_as(text: str, family: OomFamily) -> OomReport:
     """`parse_oom` of a text whose family `detect_family` gave already (a scan asks once)."""
-    lines = _around_message(text).splitlines() or [""]
+    lines = around_message(text).splitlines() or [""]
     start = next((i for i, line in enumerate(lines) if detect_family(line) is family), 0)
     return _parse_block(lines[start : start + MAX_BLOCK_LINES], family)
 
@@ -349,7 +169,7 @@ def parse_oom_block(lines: Sequence[str]) -> OomReport | None:
     """
     if not lines:
         return None
-    head = _from_trigger(lines[0])
+    head = from_trigger(lines[0])
     family = detect_family(head)
     return None if family is None else _parse_block([head, *lines[1:MAX_BLOCK_LINES]], family)
 
@@ -359,15 +179,17 @@ def _parse_block(lines: list[str], family: OomFamily) -> OomReport:
     if family is OomFamily.LIBRARY_HANDLE and (later := _device_oom_after(lines[1:])):
         return later
     notes: list[str] = []
-    pieces = _message_lines(lines, family)
-    message = _joined(pieces, hard_wrapped=False)
+    pieces = message_lines(lines, family)
+    message = joined_message(pieces, hard_wrapped=False)
     if family is OomFamily.TORCH_ALLOCATOR:
         report = _torch_report(message, notes)
         if len(pieces) > 1:
             # A terminal that wraps at its width splits words and numbers anywhere
             # (`Memory Mana` / `gement`, `12.0` / `0 GiB`): read it again glued without a
             # space, and take from that reading only the figures the first one lacks.
-            report = _fill_missing(report, _torch_report(_joined(pieces, hard_wrapped=True), []))
+            report = _fill_missing(
+                report, _torch_report(joined_message(pieces, hard_wrapped=True), [])
+            )
         return report
     if family is OomFamily.HOST_RAM:
         return OomReport(family=family, message=message)
@@ -391,8 +213,8 @@ def _device_oom_after(lines: list[str]) -> OomReport | None:
     (real/oom/062: TF's `failed to create cublas handle` twice, then the driver's
     `CUDA_ERROR_OUT_OF_MEMORY` with the bytes it could not get)."""
     for index, line in enumerate(lines):
-        family = detect_family(_from_trigger(line))
-        if family is not None and family not in _NO_DEVICE_FIGURES:
+        family = detect_family(from_trigger(line))
+        if family is not None and family not in NO_DEVICE_FIGURES:
             return parse_oom_block(lines[index:])
     return None
 
@@ -400,7 +222,7 @@ def _device_oom_after(lines: list[str]) -> OomReport | None:
 def _request_of(family: OomFamily, text: str, notes: list[str]) -> tuple[int | None, bool]:
     """A non-PyTorch message's request in bytes, and whether it was beyond any device."""
     patterns: tuple[re.Pattern[str], ...] = (_BYTES_IN_PARENS,)
-    if family in _NO_DEVICE_FIGURES:
+    if family in NO_DEVICE_FIGURES:
         patterns = ()
     elif family is OomFamily.XLA:
         patterns = (_XLA_REQUEST, _BYTES_IN_PARENS)
@@ -421,60 +243,6 @@ def _request_of(family: OomFamily, text: str, notes: list[str]) -> tuple[int | N
     if family is OomFamily.XLA and (match := _XLA_REQUEST_SIZE.search(text)):
         return _size_of(match, "requested size", notes), _beyond(match)
     return None, False
-
-
-def _around_message(text: str) -> str:
-    """The message and what follows it, bounded: a huge line must not hide or slow the parse."""
-    starts = [match.start() for pattern in _TRIGGERS if (match := pattern.search(text)) is not None]
-    start = max(0, min(starts, default=0) - MESSAGE_LEAD_CHARS)
-    return text[start : start + MAX_MESSAGE_CHARS]
-
-
-def _from_trigger(line: str) -> str:
-    """The part of a line a message can be read from: from shortly before its trigger."""
-    return _around_message(line)
-
-
-def _message_lines(lines: list[str], family: OomFamily) -> list[str]:
-    """The message's first line and the lines that continue it (a wrapped message)."""
-    pieces = [_from_trigger(lines[0])]
-    if family not in (OomFamily.TORCH_ALLOCATOR, OomFamily.XLA):
-        return pieces
-    for line in lines[1:]:
-        so_far = " ".join(pieces)
-        if len(so_far) >= MAX_MESSAGE_CHARS or not _continues(so_far, line, family):
-            break
-        pieces.append(line[:MAX_MESSAGE_CHARS])
-    return pieces
-
-
-def _continues(so_far: str, line: str, family: OomFamily) -> bool:
-    if _NEW_RECORD.match(line[:MAX_MESSAGE_CHARS]):
-        return False
-    if family is OomFamily.XLA:
-        return _XLA_WRAPPED.search(so_far) is not None
-    if _TORCH_END.search(so_far):
-        return False
-    # a second "... out of memory." starts another message (a logger's copy of the first)
-    return not (_OUT_OF_MEMORY_SENTENCE.search(line) and _OUT_OF_MEMORY_SENTENCE.search(so_far))
-
-
-def _joined(pieces: list[str], *, hard_wrapped: bool) -> str:
-    """One line of text from a message's lines, as patterns can read it.
-
-    Word-wrapping drops the space where it breaks a line, so lines are joined with one, except
-    between two digits (a terminal broke a number: `31.7` / `5`), or everywhere when the
-    message is taken as hard-wrapped. Markdown bold (`**17179869184.00 GiB**`) is dropped and
-    runs of whitespace become one space.
-    """
-    text = pieces[0]
-    for piece in pieces[1:]:
-        split_number = text[-1:] in _NUMBER_CHARS and piece[:1] in _NUMBER_CHARS
-        text += piece if hard_wrapped or split_number else f" {piece}"
-    return " ".join(text.replace("**", "").split())[:MAX_MESSAGE_CHARS]
-
-
-_NUMBER_CHARS = frozenset("0123456789.")
 
 
 def _fill_missing(report: OomReport, other: OomReport) -> OomReport:
@@ -602,12 +370,6 @@ def _other_processes(message: str, notes: list[str]) -> tuple[OtherProcess, ...]
         elif used is not None:
             processes.append(OtherProcess(pid=pid, bytes=used))
     return tuple(processes)
-
-
-def host_ram_is_certain(text: str) -> bool:
-    """True when a host-RAM line names the OOM killer; False for a bare SIGKILL or a failed
-    host allocation."""
-    return any(match.group("weak") is None for match in _HOST_RAM.finditer(text))
 
 
 def nccl_request_bytes(text: str) -> int | None:

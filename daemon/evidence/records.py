@@ -1,6 +1,6 @@
 """Typed evidence shared by the parsers, the node probe, the diagnosis and the record.
 
-These are the contract between the parts: parsers produce them, `diagnosis.diagnose`
+These are the contract between the parts: parsers produce them, `rules.dispatch.diagnose`
 consumes them, the store serialises them. Every memory figure is in exact bytes.
 """
 

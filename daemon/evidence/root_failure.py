@@ -2,7 +2,7 @@
 
 Given every failure event the forward pass found (`log_analysis`), it takes the earliest root
 failure: an OOM, a GPU fault or another exception, or a worker's death as its launcher
-reported it (`launchers.DEATH_LINES`, torchrun's Root Cause table, srun's task lines), with the
+reported it (`death_lines.DEATH_LINES`, torchrun's Root Cause table, srun's task lines), with the
 later line that explains a death which says no why. The cascade it sets off (collective
 timeouts, broken communicators, the launcher's SIGTERMs; `failures.CASCADES`) is the root only
 when nothing else failed, and after a cancel of the whole job (a time limit) nothing is. Then
@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from daemon.evidence.death_lines import SIGKILL, SRUN_EXIT, signal_of
 from daemon.evidence.failures import CascadeKind
-from daemon.evidence.launchers import SIGKILL, SRUN_EXIT, signal_of
+from daemon.evidence.frame_phases import phase_of_frames
 from daemon.evidence.log_events import (
     MAX_REPORT_CHARS,
     Event,
@@ -25,8 +26,9 @@ from daemon.evidence.log_events import (
     worker_death,
 )
 from daemon.evidence.log_lines import EXCEPTION, matchable
-from daemon.evidence.oom import host_ram_is_certain, parse_oom_block
-from daemon.evidence.phases import decide_phase, phase_of_frames
+from daemon.evidence.oom import parse_oom_block
+from daemon.evidence.oom_family import host_ram_is_certain
+from daemon.evidence.phases import decide_phase
 from daemon.evidence.records import GpuFault, LogFindings, OomFamily, OomReport, RootCause
 from daemon.evidence.steps import StepMark
 from daemon.evidence.units import bounded_int

@@ -41,14 +41,13 @@ from daemon.slurm.records import (
 from daemon.slurm.sacct import (
     JsonDialect,
     SacctReport,
-    fill_exit_codes,
-    parse_sacct_json,
-    parse_sacct_parsable,
     sacct_job_argv,
     sacct_jobs_argv,
     sacct_window_argv,
     validate_job_id,
 )
+from daemon.slurm.sacct_json import parse_sacct_json
+from daemon.slurm.sacct_parsable import fill_exit_codes, parse_sacct_parsable
 from daemon.slurm.sbatch import (
     SubmitRequest,
     parse_sbatch_parsable,

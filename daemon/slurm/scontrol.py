@@ -24,7 +24,7 @@ from daemon.slurm.records import (
     RejectedRecord,
     SlurmNode,
 )
-from daemon.slurm.sacct import local_time
+from daemon.slurm.sacct_parsable import local_time
 
 # Bounds on what one call may print before it is read: a whole cluster's nodes, one job.
 MAX_NODES_TEXT = 64 * 1024 * 1024

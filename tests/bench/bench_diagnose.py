@@ -30,12 +30,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from daemon.diagnosis import History, diagnose
+from daemon.diagnosis import History
 from daemon.evidence.joblog import DEFAULT_BLOCK_SIZE, scan_log
 from daemon.evidence.log_lines import is_root_candidate
 from daemon.evidence.log_reader import Cursor, FarLines, FdReader, lines_backward
 from daemon.evidence.records import Evidence, LogFindings
 from daemon.owner_files import Owner, OwnerFiles
+from daemon.rules.dispatch import diagnose
 
 GB = 1024**3
 MB = 1024**2

@@ -93,7 +93,7 @@ print(json.dumps({
 
 _CHILD = """
 import sys, time
-from daemon.diagnosis import diagnose
+from daemon.rules.dispatch import diagnose
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.records import Evidence
 started = time.perf_counter()

@@ -14,11 +14,9 @@ from pathlib import Path
 
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError
-from daemon.slurm.sacct import (
-    PARSABLE_DELIMITER,
-    parse_sacct_json,
-    parse_sacct_parsable,
-)
+from daemon.slurm.sacct import PARSABLE_DELIMITER
+from daemon.slurm.sacct_json import parse_sacct_json
+from daemon.slurm.sacct_parsable import parse_sacct_parsable
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "slurm" / "dbv0.0.38"
 
