@@ -3,16 +3,15 @@
 Order, and why: everything that can be refused without touching the cluster comes first
 (render the revision, check that the lever really is in the rendered script, find the last
 good checkpoint); then drains (idempotent: a node medic already drained is not drained
-again); then the relaunch through the store's intent-then-submit, so a daemon killed between
-any two steps either finds its job by the token in the comment at start-up, or submits it
-once under a new intent.
+again); then the relaunch through the one submission protocol (`daemon.submission`), so a
+daemon killed between any two steps either finds its job by the token in the comment when it
+reconciles, or submits it once under a new intent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import pwd
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,14 +24,13 @@ from daemon.config import Settings
 from daemon.dialects.base import Dialect, Knobs, Role
 from daemon.effects import perform
 from daemon.gather import JobFiles, OwnerJobFiles, lineage_template
-from daemon.imported import check_rendered
+from daemon.imported_render import check_rendered
 from daemon.owner_files import OwnerReadRefused
 from daemon.planner import PlannedFix
 from daemon.policy import ProposalFacts, RecentActivity, gate
 from daemon.slurm.backend import SlurmBackend
-from daemon.slurm.errors import SlurmError, SubmissionError
+from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
-from daemon.slurm.sbatch import SubmitRequest, sbatch_argv
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import (
@@ -45,6 +43,7 @@ from daemon.store.models import (
     TemplateRevision,
 )
 from daemon.store.states import ProposalState
+from daemon.submission import Sbatch, submit_once
 from daemon.templates import (
     KnobChange,
     LaunchTemplate,
@@ -274,50 +273,19 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
         revision_id=revision_row.id,
         resumed_step=relaunch.checkpoint.step if relaunch.checkpoint else None,
     )
-    uid, gid = _identity(lineage.owner)
-    work_dir = failed_job.work_dir
-    intent = repo.record_submit_intent(
+    outcome = submit_once(
         session,
-        proposal_id=proposal.id,
-        build_argv=lambda token: sbatch_argv(
-            SubmitRequest(comment=token, exclude_nodes=exclude, uid=uid, gid=gid, work_dir=work_dir)
-        ),
+        deps.backend,
+        Sbatch(relaunch.revision.script, lineage.owner, failed_job.work_dir, exclude),
         actor=DAEMON,
-    )
-    try:
-        job_id = deps.backend.submit(
-            relaunch.revision.script,
-            as_user=lineage.owner,
-            comment=intent.token,
-            exclude_nodes=exclude,
-            work_dir=work_dir,
-        )
-    except SubmissionError as error:
-        if error.maybe_submitted:
-            log.warning("proposal %s: sbatch may have submitted; start-up reconciles", proposal.id)
-            return ActResult(proposal_id, "maybe_submitted", str(error))
-        repo.record_submit_failed(
-            session,
-            intent=intent,
-            exit_code=error.returncode,
-            stdout="",
-            stderr=error.stderr or str(error),
-            actor=DAEMON,
-        )
-        return ActResult(proposal_id, "failed", str(error))
-    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=DAEMON)
-    records.record_lineage_submission(
-        session,
-        slurm_job_id=job_id,
-        lineage_id=lineage.id,
-        attempt=lineage.attempts + 1,
+        proposal_id=proposal.id,
         revision_id=revision_row.id,
-        proposal_id=proposal.id,
-        token=intent.token,
-        actor=DAEMON,
     )
-    session.commit()
-    return ActResult(proposal_id, "submitted", slurm_job_id=job_id)
+    if outcome.error is None:
+        return ActResult(proposal_id, "submitted", slurm_job_id=outcome.job_id)
+    if outcome.error.maybe_submitted:
+        return ActResult(proposal_id, "maybe_submitted", str(outcome.error))
+    return ActResult(proposal_id, "failed", str(outcome.error))
 
 
 def _row(session: Session, model: type[RowT], row_id: object) -> RowT:
@@ -395,11 +363,3 @@ def _excluded(session: Session, template: LaunchTemplate, revision: Revision) ->
     nodes = [str(node) for node in own] if isinstance(own, tuple) else []
     nodes += [event.node for event in repo.drains_in_force(session)]
     return tuple(dict.fromkeys(nodes))
-
-
-def _identity(user: str) -> tuple[int | None, int | None]:
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        return None, None
-    return entry.pw_uid, entry.pw_gid

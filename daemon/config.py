@@ -98,8 +98,9 @@ class WatcherSettings(_Section):
     running_interval_s: float = Field(default=15.0, gt=0, le=3600)
     # An incomplete accounting record (22.05's placeholder) is read again for this long.
     incomplete_record_wait_s: float = Field(default=60.0, ge=0, le=3600)
-    # A relaunch's intent is declared never submitted only once it is this old: accounting
-    # shows a new job a few seconds late, and a job missed would be submitted twice.
+    # A submission's intent (a first submission or a relaunch) is declared never submitted only
+    # once it is this old: accounting shows a new job a few seconds late, and a job missed would
+    # be submitted twice.
     reconcile_settle_s: float = Field(default=60.0, ge=5, le=3600)
 
 

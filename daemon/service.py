@@ -1,29 +1,32 @@
-"""The daemon: an APScheduler-driven cycle of watch -> handle -> act -> verify -> expire.
+"""The daemon: scheduling and leading. One cycle runs the stages in order, each step in its own
+transaction, one step's failure logged while the others still run:
 
-One cycle, in order: poll finished jobs (one sacct call from the stored cursor less the
-overlap; jobs already handled are skipped by id, so nothing is handled twice across
-restarts; a record it cannot read goes on the record once, with its text, and is skipped),
-ask for the full records of the jobs to handle in one batch, handle each ended job
-(`pipeline`), cancel wedged runs, act on approved proposals (`actions`), follow relaunches
-(`verify`), expire stale proposals. Only the leader acts: a PostgreSQL advisory lock, or an
-flock on a file beside the SQLite database. SIGTERM lets the step in flight finish, then
-stops. systemd gets READY=1 and WATCHDOG=1 over NOTIFY_SOCKET.
+reconcile (`submission`: intents a killed submitter left open) -> watch (`watch`: poll finished
+jobs, handle each ended one through `pipeline`; cancel wedged runs) -> act (`actions`) ->
+verify (`verify`) -> expire stale proposals.
+
+Only the leader acts: a PostgreSQL advisory lock, or an flock on a file beside the SQLite
+database. APScheduler runs the cycle every poll interval and at once when the epilog hook
+says a job ended (at most one extra cycle a second). SIGTERM lets the step in flight finish,
+then stops. systemd gets READY=1 and WATCHDOG=1 (only while cycles make progress) over
+NOTIFY_SOCKET. The log is one JSON object a line (`logs`).
+
+Near 500 lines because leading is two locks (PostgreSQL's advisory lock, checked every cycle
+because a lost session loses it, and SQLite's flock) and waking is the hook's sender check;
+every stage lives in its own module.
 """
 
 from __future__ import annotations
 
 import fcntl
-import functools
-import json
 import logging
 import os
 import pwd
 import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -31,143 +34,36 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from daemon import process
 from daemon.actions import ActDeps, act_on_approved
 from daemon.config import Settings
-from daemon.effects import perform
-from daemon.evidence.findings import OUTSIDE_ALLOCATION
 from daemon.evidence.prober import NodeProber
-from daemon.evidence.records import LogFindings
-from daemon.gather import JobFiles, OwnerJobFiles, read_log_findings
+from daemon.gather import JobFiles, OwnerJobFiles
 from daemon.hook import HookError, HookListener, parse_slurm_user
-from daemon.pipeline import (
-    DAEMON,
-    PipelineDeps,
-    handle_ended_job,
-    incomplete_record_expired,
-)
+from daemon.pipeline import DAEMON
 from daemon.slurm.backend import CommandRunner, SlurmBackend
-from daemon.slurm.errors import SlurmError
-from daemon.slurm.records import JobState, QueuedJob, SlurmJob
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_engine, make_session_factory
-from daemon.store.models import ActionKind, AuditEvent, Lineage, Proposal
 from daemon.store.schema import check_schema_current
 from daemon.store.states import ProposalState
+from daemon.submission import reconcile
 from daemon.verify import FollowDeps, follow_relaunches
+from daemon.watch import Watcher, poll_again_from
 
 log = logging.getLogger("slurm_medic")
 
-CURSOR = "finished_jobs"
-MAX_JOB_FAILURES = 3
-# A first submission's intent older than this is not looked for again (bounds each cycle).
-FIRST_SUBMISSION_HORIZON = timedelta(days=1)
-# How long before its intent a submission is looked for in accounting (clocks differ).
-TOKEN_LOOKBACK = timedelta(minutes=5)
 SCONTROL_CONFIG_ARGV = ("scontrol", "show", "config")
 # The account slurmctld runs as in Debian's and SchedMD's packages: the hook's sender when
 # `scontrol show config` cannot say.
 DEFAULT_SLURM_USER = "slurm"
 # However many datagrams the hook sends, at most one extra cycle a second.
 HOOK_WAKE_INTERVAL_S = 1.0
-VERB_FOREIGN_TOKEN = "token_on_foreign_job"  # noqa: S105 (an audit verb, not a secret)
-# Every state sacct's --state accepts (22.05 refuses COMPLETING and SPECIAL_EXIT with a fatal
-# error): a reconciliation must find its job whatever became of it.
-ACCOUNTED_STATES = tuple(
-    state
-    for state in JobState
-    if state not in (JobState.COMPLETING, JobState.SPECIAL_EXIT, JobState.UNKNOWN)
-)
 ADVISORY_LOCK_KEY = 0x6D65646963  # "medic"
-
-
-def carries_token(comment: str | None, token: str) -> bool:
-    """The token is one whole field of the comment (fields split on white space), never a
-    part of a longer word: `xmedic-ab` or `medic-abc` does not carry `medic-ab`."""
-    return bool(token) and comment is not None and token in comment.split()
-
-
-@dataclass(frozen=True)
-class TokenSearch:
-    """Where Slurm shows a token: the owner's job carrying it, and other users' jobs that
-    carry it too (a copied token: ignored, and noted)."""
-
-    found: int | None
-    foreign: tuple[tuple[int, str], ...] = ()
-
-
-class CommentLookup:
-    """Job comments as Slurm shows them, asked at most once per reconciliation however many
-    intents it closes: slurmctld's queue (one squeue) and, only when the queue lacks an
-    owner's job, accounting since the earliest intent (one sacct)."""
-
-    def __init__(self, backend: SlurmBackend, *, since: datetime, until: datetime) -> None:
-        self._backend = backend
-        self._since = since
-        self._until = until
-        self._queued: tuple[QueuedJob, ...] | None = None
-        self._accounted: tuple[SlurmJob, ...] | None = None
-
-    def search(self, token: str, owner: str | None) -> TokenSearch:
-        """The owner's job whose comment carries the token. Slurm 22.05 accounting stores a
-        job's comment only when the job ends, so a live relaunch is found in slurmctld's
-        queue (which also keeps ended jobs for MinJobAge), an older one in accounting.
-
-        Comments are visible to every user (squeue), so anyone may copy a token into a job of
-        their own: only a job of the lineage's owner counts (no owner known, none does)."""
-        if self._queued is None:
-            self._queued = self._backend.queued_jobs()
-        carrying = [
-            (job.job_id, job.user) for job in self._queued if carries_token(job.comment, token)
-        ]
-        if not any(user == owner for _job_id, user in carrying):
-            if self._accounted is None:
-                self._accounted = self._backend.finished_jobs(
-                    self._since, self._until, states=ACCOUNTED_STATES
-                )
-            carrying += [
-                (job.job_id, job.user)
-                for job in self._accounted
-                if carries_token(job.comment, token)
-            ]
-        carrying = list(dict.fromkeys(carrying))
-        found = next((job_id for job_id, user in carrying if user == owner), None)
-        foreign = tuple((job_id, user) for job_id, user in carrying if user != owner)
-        return TokenSearch(found, foreign)
-
-
-# ------------------------------------------------------------------------------ logging
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line on stderr: journald keeps it, people and tools read it."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "at": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
-        if record.exc_info:
-            entry["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
 
 
 # ------------------------------------------------------------------------------ systemd
@@ -325,66 +221,27 @@ class Daemon:
         self.leader = LeaderLock(self.engine, settings)
         self.stopping = threading.Event()
         self._cycle_lock = threading.Lock()
-        self._wedge_seen: dict[int, datetime] = {}
         self._last_run: dict[str, float] = {}
-        self._job_failures: dict[int, int] = {}
         self.heartbeat = time.monotonic()  # moved on by every step and every job handled
-        self._started = False
+        self.watch = Watcher(
+            settings,
+            backend=backend,
+            files=files,
+            prober=prober,
+            clock=clock,
+            stopping=self.stopping,
+            beat=self._beat,
+        )
 
     # -- start-up ---------------------------------------------------------------------------
 
+    def _beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
     def start(self) -> None:
-        """Refuse an old schema; reconcile relaunches a crash left between intent and answer."""
+        """Refuse a record whose schema is not this code's (reconciling what a crash left open
+        is every cycle's first step)."""
         check_schema_current(self.engine)
-        self._started = True
-
-    def reconcile(self, session: Session) -> list[tuple[int, int | None]]:
-        """Close every pending intent: found in Slurm by its token, or (once older than the
-        settle time) not submitted; its proposal stays `submitting` meanwhile, so nothing
-        else acts on it."""
-        closed: list[tuple[int, int | None]] = []
-        settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
-        intents = repo.pending_intents(session)
-        if not intents:
-            return closed
-        comments = CommentLookup(
-            self.backend,
-            since=min(intent.recorded_at for intent in intents) - TOKEN_LOOKBACK,
-            until=self.clock(),
-        )
-        for intent in intents:
-            owner = _relaunch_owner(session, intent.proposal_id)
-            search = comments.search(intent.token, owner)
-            _note_foreign(session, search, subject=("proposal", intent.proposal_id), owner=owner)
-            found = search.found
-            if found is None and self.clock() - intent.recorded_at < settle:
-                continue  # too young to tell "never submitted" from "not in accounting yet"
-            repo.reconcile_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
-            if found is not None:
-                self._record_found_submission(session, intent, found)
-            closed.append((intent.action_id, found))
-            log.info(
-                "reconciled intent",
-                extra={"fields": {"action": intent.action_id, "job": found}},
-            )
-        return closed
-
-    def _record_found_submission(self, session: Session, intent: Any, job_id: int) -> None:
-        proposal = session.get(Proposal, intent.proposal_id)
-        if proposal is None or proposal.lineage_id is None or proposal.revision_id is None:
-            return
-        lineage = session.get(Lineage, proposal.lineage_id)
-        records.record_lineage_submission(
-            session,
-            slurm_job_id=job_id,
-            lineage_id=proposal.lineage_id,
-            attempt=(lineage.attempts + 1) if lineage is not None else 1,
-            revision_id=proposal.revision_id,
-            proposal_id=proposal.id,
-            token=intent.token,
-            actor=DAEMON,
-        )
-        session.commit()
 
     # -- the cycle --------------------------------------------------------------------------
 
@@ -434,212 +291,23 @@ class Daemon:
         return True
 
     def _step_reconcile(self, session: Session, report: CycleReport) -> None:
-        if repo.pending_intents(session):
-            self.reconcile(session)
-        self.reconcile_first_submissions(session)
-
-    def reconcile_first_submissions(self, session: Session) -> list[tuple[int, int | None]]:
-        """`slurm-medic submit` killed between its intent and recording the job: find the job
-        by its token so the run is followed; declare it never submitted once settled."""
-        closed: list[tuple[int, int | None]] = []
+        """Close the intents a killed submitter left open (`submission.reconcile`)."""
         settle = timedelta(seconds=self.settings.watcher.reconcile_settle_s)
         now = self.clock()
-        settled = [
-            intent
-            for intent in records.open_lineage_intents(
-                session, since=now - FIRST_SUBMISSION_HORIZON
-            )
-            # a younger one: the CLI may still be between sbatch and its own record
-            if now - intent.at >= settle
-        ]
-        if not settled:
-            return closed
-        comments = CommentLookup(
-            self.backend, since=min(intent.at for intent in settled) - TOKEN_LOOKBACK, until=now
-        )
-        for intent in settled:
-            lineage = session.get(Lineage, intent.lineage_id)
-            owner = lineage.owner if lineage is not None else None
-            search = comments.search(intent.token, owner)
-            _note_foreign(session, search, subject=("lineage", intent.lineage_id), owner=owner)
-            found = search.found
-            records.close_lineage_intent(session, intent=intent, found_job_id=found, actor=DAEMON)
-            cursor = repo.get_cursor(session, name=CURSOR)
-            if found is not None and cursor is not None and cursor > intent.at:
+        for closed in reconcile(session, self.backend, now=now, settle=settle, actor=DAEMON):
+            if closed.job_id is not None:
                 # The job may have ended before it was known as the lineage's: poll it again.
-                repo.set_cursor(session, name=CURSOR, polled_until=intent.at)
-            session.commit()
-            closed.append((intent.lineage_id, found))
-        return closed
+                poll_again_from(session, closed.recorded_at)
+                session.commit()
 
     def _step_poll(self, session: Session, report: CycleReport) -> None:
-        watcher = self.settings.watcher
-        now = self.clock()
-        cursor = repo.get_cursor(session, name=CURSOR)
-        session.commit()  # only read: sacct's seconds hold no lock on the record
-        start = (
-            cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
-        )
-        since = start - timedelta(seconds=watcher.overlap_s)
-        window = self.backend.finished_window(since, now, states=watcher.states)
-        jobs = window.jobs
-        report.polled = len(jobs)
-        # Unreadable records are skipped, never waited for (they would hold the cursor for
-        # ever): each goes on the record once, with its text, and the window moves on.
-        report.rejected = records.record_rejected_records(
-            session, rejected=window.rejected, actor=DAEMON, window=(since, now)
-        )
-        session.commit()
-        handled = records.handled_job_ids(session, slurm_job_ids=[job.job_id for job in jobs])
-        lineage_jobs = records.lineage_job_ids(session, active_only=False)
-        managed = self.settings.managed
-        to_handle = [
-            job
-            for job in sorted(jobs, key=lambda j: (j.end_time or now, j.job_id))
-            if job.job_id not in handled
-        ]
-        wanted = {
-            job.job_id: job
-            for job in to_handle
-            if job.job_id in lineage_jobs
-            or managed.matches(account=job.account, partition=job.partition, user=job.user)
-        }
-        full_records = self._full_records(list(wanted.values()))
-        deps = PipelineDeps(self.settings, self.prober, self.files)
-        wait = timedelta(seconds=watcher.incomplete_record_wait_s)
-        hold_cursor: datetime | None = None
-        for job in to_handle:
-            if self.stopping.is_set():
-                end = job.end_time or now
-                hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
-                continue
-            if job.job_id not in wanted:
-                continue
-            complete = self._complete_record(job, full_records)
-            if not self._handle_one(
-                session, job, complete, deps=deps, report=report, now=now, wait=wait
-            ):
-                end = job.end_time or now
-                hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
-        new_cursor = now if hold_cursor is None else min(now, hold_cursor)
-        if cursor is None or new_cursor > cursor:
-            repo.set_cursor(session, name=CURSOR, polled_until=new_cursor)
-
-    def _handle_one(
-        self,
-        session: Session,
-        job: SlurmJob,
-        complete: SlurmJob | None,
-        *,
-        deps: PipelineDeps,
-        report: CycleReport,
-        now: datetime,
-        wait: timedelta,
-    ) -> bool:
-        """Handle one job (`complete`: its full record, None while accounting has only a
-        placeholder) in its own transaction; False: try it again next cycle.
-
-        A job whose handling keeps failing is recorded as such after MAX_JOB_FAILURES tries,
-        so one bad record cannot hold every later job's cursor back forever.
-        """
-        self.heartbeat = time.monotonic()
-        try:
-            if complete is None:
-                if not incomplete_record_expired(job, now, wait):
-                    return False
-                complete = job
-            result = handle_ended_job(session, complete, deps)
-            session.commit()
-        except Exception as error:  # one job's failure must not stop the others
-            session.rollback()
-            failures = self._job_failures.get(job.job_id, 0) + 1
-            self._job_failures[job.job_id] = failures
-            log.exception("handling job %s failed (try %d)", job.job_id, failures)
-            report.errors.append(f"job {job.job_id}: {error}")
-            if failures < MAX_JOB_FAILURES:
-                return False
-            records.mark_job_handled(
-                session,
-                slurm_job_id=job.job_id,
-                actor=DAEMON,
-                outcome="error",
-                details={"error": str(error)[:2000], "tries": failures},
-            )
-            session.commit()
-            return True
-        self._job_failures.pop(job.job_id, None)
-        if result.outcome != "unmanaged":
-            report.handled.append(result)
-            log.info("handled job", extra={"fields": dict(vars(result))})
-        return True
-
-    def _full_records(self, jobs: Sequence[SlurmJob]) -> dict[int, SlurmJob]:
-        """The full records (exit codes, std paths) of the jobs worth handling, asked for all
-        of them at once; where Slurm cannot say, each job keeps its window's record."""
-        ids = [job.job_id for job in jobs if job.accounting_complete]
-        if not ids:
-            return {}
-        try:
-            return {full.job_id: full for full in self.backend.jobs(ids)}
-        except SlurmError as error:
-            log.warning("the full records of %d job(s) could not be read: %s", len(ids), error)
-            return {}
-
-    @staticmethod
-    def _complete_record(job: SlurmJob, full_records: Mapping[int, SlurmJob]) -> SlurmJob | None:
-        """The record to handle the job by; None: accounting has only a placeholder, wait."""
-        if not job.accounting_complete:
-            return None
-        full = full_records.get(job.job_id, job)
-        return full if full.accounting_complete else None
+        polled = self.watch.poll(session)
+        report.polled, report.rejected = polled.polled, polled.rejected
+        report.handled = polled.handled
+        report.errors.extend(polled.errors)
 
     def _step_wedged(self, session: Session, report: CycleReport) -> None:
-        """Cancel a run whose log shows a rank's root failure while the others hang; never
-        while paused or dry-running, which promise no scancel."""
-        wedge, policy = self.settings.wedge, self.settings.policy
-        if not wedge.enabled or policy.dry_run or policy.paused or repo.is_paused(session):
-            return
-        lineage_jobs = records.lineage_job_ids(session)
-        session.commit()  # only read: squeue and the log reads hold no lock on the record
-        if not lineage_jobs:
-            return
-        now = self.clock()
-        running = [job.job_id for job in self.backend.running_jobs() if job.job_id in lineage_jobs]
-        if not running:
-            return
-        # Full records (std paths) of every running lineage job at once; one gone is skipped.
-        for job in self.backend.jobs(running):
-            findings = read_log_findings(job, self.files, wedge.log_tail_bytes)
-            if not root_failure_seen(findings):
-                self._wedge_seen.pop(job.job_id, None)
-                continue
-            first = self._wedge_seen.setdefault(job.job_id, now)
-            if now - first < timedelta(seconds=wedge.grace_s):
-                continue
-            done = perform(
-                session,
-                kind=ActionKind.SCANCEL,
-                argv=["scancel", str(job.job_id)],
-                actor=DAEMON,
-                run=functools.partial(self.backend.cancel, job.job_id),
-            )
-            if not done.succeeded:
-                continue
-            repo.append_audit(
-                session,
-                actor=DAEMON,
-                verb="wedged_cancelled",
-                subject_type="job",
-                subject_id=job.job_id,
-                details={
-                    "first_seen": first.isoformat(),
-                    "grace_s": wedge.grace_s,
-                    "notes": [n for n in findings.notes if n.startswith(OUTSIDE_ALLOCATION)],
-                },
-            )
-            session.commit()
-            self._wedge_seen.pop(job.job_id, None)
-            report.wedged_cancelled.append(job.job_id)
+        report.wedged_cancelled = self.watch.cancel_wedged(session)
 
     def _step_act(self, session: Session, report: CycleReport) -> None:
         deps = ActDeps(
@@ -793,56 +461,6 @@ class Daemon:
                     "seconds": round(time.monotonic() - started, 3),
                 }
             },
-        )
-
-
-def root_failure_seen(findings: LogFindings) -> bool:
-    """A rank's root failure in the log of a job still running: the others hang."""
-    return findings.oom is not None or (
-        findings.root_failure_line is not None and findings.traceback_seen
-    )
-
-
-def _relaunch_owner(session: Session, proposal_id: int) -> str | None:
-    """Whose job a relaunch intent's token may be found on: its lineage's owner."""
-    proposal = session.get(Proposal, proposal_id)
-    if proposal is None or proposal.lineage_id is None:
-        return None
-    lineage = session.get(Lineage, proposal.lineage_id)
-    return lineage.owner if lineage is not None else None
-
-
-def _note_foreign(
-    session: Session, search: TokenSearch, *, subject: tuple[str, int], owner: str | None
-) -> None:
-    """A job of someone else carrying a lineage's token: ignored, and on the record (once:
-    reconciliation asks again every cycle until the intent settles)."""
-    if not search.foreign:
-        return
-    noted = {
-        event.details.get("job")
-        for event in session.scalars(
-            select(AuditEvent).where(
-                AuditEvent.verb == VERB_FOREIGN_TOKEN,
-                AuditEvent.subject_type == subject[0],
-                AuditEvent.subject_id == str(subject[1]),
-            )
-        )
-    }
-    for job_id, user in search.foreign:
-        if job_id in noted:
-            continue
-        log.warning(
-            "a job of another user carries a lineage token; ignored",
-            extra={"fields": {"job": job_id, "user": user, "owner": owner}},
-        )
-        repo.append_audit(
-            session,
-            actor=DAEMON,
-            verb=VERB_FOREIGN_TOKEN,
-            subject_type=subject[0],
-            subject_id=subject[1],
-            details={"job": job_id, "user": user, "owner": owner},
         )
 
 

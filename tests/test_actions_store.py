@@ -206,7 +206,9 @@ def test_a_refused_sbatch_fails_the_proposal_with_its_words(db_session: Session)
     result = act(db_session, proposal_id, deps(FakeSlurm(submit_error=refused)))
     assert result.outcome == "failed"
     assert state_of(db_session, proposal_id) == ProposalState.FAILED.value
-    action = db_session.scalars(select(Action).where(Action.kind == "sbatch")).one()
+    action = db_session.scalars(
+        select(Action).where(Action.kind == "sbatch", Action.proposal_id == proposal_id)
+    ).one()
     assert action.result == "failed"
     assert action.stderr == "Invalid account"
 

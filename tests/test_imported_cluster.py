@@ -114,7 +114,9 @@ def test_an_imported_script_is_relaunched_as_written_plus_the_fix(
         revision = session.scalars(
             select(TemplateRevision).where(TemplateRevision.proposal_id == proposal.id)
         ).one()
-        action = session.scalars(select(Action).where(Action.kind == "sbatch")).one()
+        action = session.scalars(
+            select(Action).where(Action.kind == "sbatch", Action.proposal_id == proposal.id)
+        ).one()
         relaunched_script, relaunch_job = revision.rendered_script, action.slurm_job_id
     added = [
         line[1:]

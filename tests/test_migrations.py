@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from daemon.diagnosis import FailureKind
 from daemon.planner import Outcome, SkippedRung
 from daemon.store import repository as repo
 from daemon.store import schema
+from daemon.store import service_records as records
 from daemon.store.models import Base, Proposal
 from daemon.templates import KnobChange, Patch
 from remediators.base import Lever
@@ -306,3 +308,171 @@ def test_0004_refuses_an_old_proposal_missing_a_key_naming_it(empty_db_engine: E
     with pytest.raises(RuntimeError, match="proposal 1: its JSON lacks failing_step"):
         schema.upgrade(empty_db_engine, "0004")
     assert schema.current_revision(empty_db_engine) == "0003"
+
+
+# A first submission as the code before 0005 recorded it: audit events only. (token, lineage,
+# what became of it.)
+FIRST_SUBMISSIONS = (
+    ("medic-submitted", 2, "submitted"),
+    ("medic-open", 3, "open"),
+    ("medic-closed", 4, "closed"),
+    ("medic-failed", 5, "failed"),
+)
+
+
+def _seed_first_submissions(engine: Engine) -> None:
+    """At 0004: four first submissions in audit events, and the relaunch of proposal 1 with
+    its action row and its `lineage_submit`."""
+    at = {"at": "2026-01-01 00:00:00+00:00"}
+    audit = (
+        "INSERT INTO audit_event (at, actor_kind, actor_name, verb, subject_type, subject_id,"
+        " details) VALUES (:at, 'user', 'alice', :verb, :type, :id, :details)"
+    )
+
+    def event(verb: str, subject: tuple[str, int], details: Mapping[str, object]) -> None:
+        values = {"verb": verb, "type": subject[0], "id": str(subject[1])}
+        connection.execute(text(audit), {**at, **values, "details": json.dumps(details)})
+
+    with engine.begin() as connection:
+        for token, lineage, fate in FIRST_SUBMISSIONS:
+            connection.execute(
+                text(
+                    "INSERT INTO lineage (id, name, owner, template, status, attempts,"
+                    " created_at, updated_at) VALUES (:id, 'run', 'alice', 't', 'active',"
+                    " :attempts, :at, :at)"
+                ),
+                {**at, "id": lineage, "attempts": int(fate == "submitted")},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO template_revision (id, lineage_id, knobs, rendered_script,"
+                    " script_sha256, created_at) VALUES (:id, :id, '{}', 's', 'h', :at)"
+                ),
+                {**at, "id": lineage},
+            )
+            intent = {"token": token, "revision": lineage, "owner": "alice"}
+            event("submit_intent", ("lineage", lineage), intent)
+            if fate == "submitted":
+                submission = {
+                    "lineage": lineage,
+                    "attempt": 1,
+                    "revision": lineage,
+                    "proposal": None,
+                    "token": token,
+                }
+                event("lineage_submit", ("job", 201), submission)
+            elif fate == "closed":
+                event("submit_intent_closed", ("lineage", lineage), {"token": token})
+            elif fate == "failed":
+                failure = {"error": "sbatch refused", "stderr": "Invalid account"}
+                event("submit_failed", ("lineage", lineage), failure)
+        connection.execute(
+            text(
+                "INSERT INTO action (proposal_id, kind, argv, token, slurm_job_id, started_at,"
+                " result) VALUES (1, 'sbatch', '[]', 'medic-relaunch', 102, :at, 'succeeded')"
+            ),
+            at,
+        )
+        relaunched = {
+            "lineage": 1,
+            "attempt": 2,
+            "revision": 1,
+            "proposal": 1,
+            "token": "medic-relaunch",
+        }
+        event("lineage_submit", ("job", 102), relaunched)
+
+
+def _sbatch_rows(engine: Engine) -> dict[str, tuple[object, ...]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT token, proposal_id, lineage_id, revision_id, attempt, slurm_job_id,"
+                " result, stderr FROM action WHERE kind = 'sbatch'"
+            )
+        ).all()
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def _sbatch_tokens(engine: Engine) -> set[str]:
+    with engine.connect() as connection:
+        return set(
+            connection.execute(text("SELECT token FROM action WHERE kind = 'sbatch'")).scalars()
+        )
+
+
+def _audit_tokens(engine: Engine, verb: str) -> list[str]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT details FROM audit_event WHERE verb = :verb ORDER BY id"), {"verb": verb}
+        ).scalars()
+        return [str((json.loads(d) if isinstance(d, str) else d)["token"]) for d in rows]
+
+
+def test_0005_gives_every_submission_its_row_and_back(empty_db_engine: Engine) -> None:
+    schema.upgrade(empty_db_engine, "0003")
+    _seed_old_proposal(empty_db_engine, OLD_PATCH)
+    schema.upgrade(empty_db_engine, "0004")
+    _seed_first_submissions(empty_db_engine)
+    intents_before = _audit_tokens(empty_db_engine, "submit_intent")
+    submits_before = _audit_tokens(empty_db_engine, "lineage_submit")
+
+    schema.upgrade(empty_db_engine, "0005")
+    assert _sbatch_rows(empty_db_engine) == {
+        "medic-relaunch": (1, 1, 1, 2, 102, "succeeded", None),
+        "medic-submitted": (None, 2, 2, 1, 201, "succeeded", None),
+        "medic-open": (None, 3, 3, 1, None, "pending", None),
+        "medic-closed": (None, 4, 4, 1, None, "not_found", None),
+        "medic-failed": (None, 5, 5, 1, None, "failed", "Invalid account"),
+    }
+    with Session(empty_db_engine) as session:
+        assert records.lineage_job_ids(session) == {102: 1, 201: 2}
+        found = records.lineage_submission(session, slurm_job_id=201)
+        assert found == records.LineageSubmission(201, 2, 1, 2, None, "medic-submitted")
+        assert [intent.token for intent in repo.pending_intents(session)] == ["medic-open"]
+
+    schema.downgrade(empty_db_engine, "0004")
+    assert _sbatch_tokens(empty_db_engine) == {"medic-relaunch"}
+    # What the old code reads was there already: nothing is written twice.
+    assert _audit_tokens(empty_db_engine, "submit_intent") == intents_before
+    assert _audit_tokens(empty_db_engine, "lineage_submit") == submits_before
+
+
+def test_0005_downgrade_writes_the_events_the_old_code_reads(empty_db_engine: Engine) -> None:
+    """First submissions made by this code are rows only: downgrade puts their open intent and
+    their job where the old code looks (audit events on the lineage and the job)."""
+    schema.upgrade(empty_db_engine)
+    with Session(empty_db_engine) as session:
+        lineage = repo.create_lineage(session, name="run", owner="alice", template="t")
+        revision = repo.record_template_revision(
+            session, lineage_id=lineage.id, knobs={}, rendered_script="s"
+        )
+        lineage_id, revision_id = lineage.id, revision.id
+        intents = [
+            repo.record_submit_intent(
+                session,
+                lineage_id=lineage_id,
+                revision_id=revision_id,
+                build_argv=lambda token: [f"--comment={token}"],
+                actor=repo.Actor.user("alice", 1001),
+            )
+            for _ in range(2)
+        ]
+        repo.record_submitted(
+            session, intent=intents[1], slurm_job_id=301, actor=repo.Actor.daemon()
+        )
+    schema.downgrade(empty_db_engine, "0004")
+    assert _sbatch_tokens(empty_db_engine) == set()
+    with empty_db_engine.connect() as connection:
+        open_intent = connection.execute(
+            text(
+                "SELECT subject_id, details FROM audit_event WHERE verb = 'submit_intent'"
+                " AND subject_type = 'lineage'"
+            )
+        ).one()
+    details = json.loads(open_intent[1]) if isinstance(open_intent[1], str) else open_intent[1]
+    assert (open_intent[0], details) == (
+        str(lineage_id),
+        {"token": intents[0].token, "revision": revision_id, "owner": "alice"},
+    )
+    assert _audit_tokens(empty_db_engine, "lineage_submit") == [intents[1].token]

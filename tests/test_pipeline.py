@@ -130,16 +130,14 @@ def start_lineage(session: Session, job_id: int) -> int:
         knobs=knobs_to_json(first.knobs),
         rendered_script=first.script,
     )
-    records.record_lineage_submission(
+    intent = repo.record_submit_intent(
         session,
-        slurm_job_id=job_id,
         lineage_id=lineage.id,
-        attempt=1,
         revision_id=revision.id,
-        proposal_id=None,
-        token=repo.new_token(),
+        build_argv=lambda token: ["sbatch", f"--comment={token}"],
         actor=ACTOR,
     )
+    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
     return lineage.id
 
 
@@ -168,16 +166,6 @@ def pretend_relaunched(session: Session, proposal_id: int, job_id: int, lineage_
         actor=ACTOR,
     )
     repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
-    records.record_lineage_submission(
-        session,
-        slurm_job_id=job_id,
-        lineage_id=lineage_id,
-        attempt=2,
-        revision_id=revision.id,
-        proposal_id=proposal_id,
-        token=intent.token,
-        actor=ACTOR,
-    )
 
 
 def test_fragmentation_is_proposed_and_auto_approved(db_session: Session) -> None:

@@ -15,18 +15,14 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from daemon.config import Settings
-from daemon.service import (
-    JsonFormatter,
-    LeaderLock,
-    carries_token,
-    sd_notify,
-    watchdog_window_s,
-)
+from daemon.logs import JsonFormatter
+from daemon.service import LeaderLock, sd_notify, watchdog_window_s
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.records import QueuedJob
 from daemon.slurm.squeue import parse_queue_json
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
+from daemon.submission import carries_token
 from tests.postgres import PostgresServer
 
 

@@ -170,7 +170,9 @@ def test_fragmentation_closes_the_loop_on_its_own(devcluster: DevCluster, work_d
         proposal = session.scalars(select(Proposal)).one()
         assert proposal.remediator == "allocator_expandable_segments"
         assert proposal.decided_by is None or proposal.decided_by == "slurm-medic"
-        action = session.scalars(select(Action).where(Action.kind == "sbatch")).one()
+        action = session.scalars(
+            select(Action).where(Action.kind == "sbatch", Action.proposal_id == proposal.id)
+        ).one()
         assert action.result == "succeeded"
         assert action.slurm_job_id is not None
         relaunch = SlurmCli().job(action.slurm_job_id)
@@ -213,7 +215,9 @@ def test_true_oom_waits_for_a_person(devcluster: DevCluster, work_dir: Path) -> 
     assert waiting[0].remediator == "micro_batch_down"
     assert waiting[0].decided_by is None
     with make_session_factory(daemon.engine)() as session:
-        assert session.scalars(select(Action)).all() == []
+        # Nothing acted: the one action is `slurm-medic submit`'s first submission.
+        actions = session.scalars(select(Action)).all()
+        assert [(action.kind, action.proposal_id) for action in actions] == [("sbatch", None)]
         why = session.scalars(
             select(AuditEvent).where(AuditEvent.verb == "awaiting_approval")
         ).one()

@@ -17,12 +17,13 @@ from sqlalchemy import select
 from daemon.config import load_settings
 from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.gather import OwnerJobFiles
-from daemon.service import ACCOUNTED_STATES, Daemon, carries_token
+from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_session_factory
 from daemon.store.models import Action, Incident, Proposal
+from daemon.submission import ACCOUNTED_STATES, Sbatch, carries_token, submit_new_lineage
 from daemon.templates import initial_revision, knobs_to_json, load_template
 from tests.devcluster import DevCluster
 from tests.test_service_cluster import (
@@ -120,7 +121,9 @@ def test_killed_around_sbatch_relaunches_exactly_once(
         timeout_s=120,
     )
     with make_session_factory(first.engine)() as session:
-        actions = list(session.scalars(select(Action).where(Action.kind == "sbatch")))
+        # The relaunch's sbatch actions (the first submission has its own row).
+        relaunches = select(Action).where(Action.kind == "sbatch", Action.proposal_id.is_not(None))
+        actions = list(session.scalars(relaunches))
         proposal = session.scalars(select(Proposal)).one()
     submitted = [action for action in actions if action.slurm_job_id is not None]
     assert len(submitted) == 1
@@ -149,29 +152,20 @@ def test_a_first_submission_whose_cli_died_is_found_and_followed(
     daemon = daemon_for(settings)
     template = load_template(directory)
     first = initial_revision(template)
-    actor = repo.Actor.user("root", 0)
     with make_session_factory(daemon.engine)() as session:
-        lineage = repo.create_lineage(
-            session, name=template.name, owner=USER, template=str(directory)
-        )
-        revision = repo.record_template_revision(
-            session,
-            lineage_id=lineage.id,
-            knobs=knobs_to_json(first.knobs),
-            rendered_script=first.script,
-        )
-        token = repo.new_token()
-        repo.append_audit(
-            session,
-            actor=actor,
-            verb="submit_intent",
-            subject_type="lineage",
-            subject_id=lineage.id,
-            details={"token": token, "revision": revision.id, "owner": USER},
-        )
-        session.commit()
-        lineage_id = lineage.id
-    job_id = SlurmCli().submit(first.script, as_user=USER, comment=token, work_dir=str(work_dir))
+        with pytest.raises(SystemExit):
+            submit_new_lineage(
+                session,
+                DiesAtSubmit(after_sbatch=True),
+                Sbatch(first.script, USER, str(work_dir)),
+                name=template.name,
+                template_dir=str(directory),
+                knobs=knobs_to_json(first.knobs),
+                actor=repo.Actor.user("root", 0),
+            )
+        session.rollback()
+        (intent,) = repo.pending_intents(session)
+    (job_id,) = jobs_with(daemon, intent.token)
     daemon.start()
     cycle_until(
         daemon, lambda: any(p.state == "verified" for p in proposals(daemon)), timeout_s=150
@@ -180,6 +174,6 @@ def test_a_first_submission_whose_cli_died_is_found_and_followed(
         found = records.lineage_submission(session, slurm_job_id=job_id)
         incident = session.scalars(select(Incident)).one()
     assert found is not None
-    assert (found.lineage_id, found.attempt, found.token) == (lineage_id, 1, token)
+    assert (found.lineage_id, found.attempt, found.token) == (intent.lineage_id, 1, intent.token)
     assert incident.slurm_job_id == job_id
     daemon.leader.release()

@@ -8,29 +8,32 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
 
-from daemon.config import Settings
 from daemon.pipeline import DAEMON, handle_ended_job
 from daemon.process import CommandResult
-from daemon.service import VERB_FOREIGN_TOKEN, Daemon, carries_token
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import JobState, QueuedJob, SlurmJob
 from daemon.store import repository as repo
-from daemon.store.engine import make_engine, make_session_factory
+from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent, Lineage, Proposal
 from daemon.store.schema import upgrade
-from daemon.store.settings import StoreSettings, sqlite_url
+from daemon.submission import (
+    VERB_FOREIGN_TOKEN,
+    Sbatch,
+    carries_token,
+    reconcile,
+    submit_new_lineage,
+)
 from daemon.templates import initial_revision, knobs_to_json, load_template
 from tests.devcluster import user_dir
 from tests.test_actions_store import FakeSlurm
 from tests.test_pipeline import FRAGMENTED, TEMPLATE_DIR, deps, failed_job, start_lineage
-from tests.test_service_poll import settings_for
 
-SETTLED = timedelta(minutes=2)  # past the reconcile settle time (60 s by default)
+SETTLE = timedelta(seconds=60)  # the reconcile settle time by default
+SETTLED = timedelta(minutes=2)  # past it
 
 
 @pytest.fixture
@@ -107,18 +110,22 @@ def relaunch_intent(engine: Engine) -> repo.SubmitIntent:
     return intent
 
 
-def reconcile(
+def reconcile_at(
+    engine: Engine, slurm: AccountingSlurm, *, after: timedelta = SETTLED
+) -> list[tuple[int, int | None]]:
+    """Reconcile `after` past now (the settle time is 60 s): (action id, job found) closed."""
+    now = datetime.now(UTC) + after
+    with make_session_factory(engine)() as session:
+        closed = reconcile(session, slurm, now=now, settle=SETTLE, actor=DAEMON)
+        session.commit()
+    return [(c.action_id, c.job_id) for c in closed]
+
+
+def reconcile_relaunch(
     engine: Engine, seam: QueueSeam, slurm: AccountingSlurm, *, after: timedelta = SETTLED
 ) -> list[tuple[int, int | None]]:
-    now = datetime.now(UTC) + after
     slurm.queue = seam
-    daemon = Daemon(
-        settings_for(engine), backend=slurm, files=deps({}).files, engine=engine, clock=lambda: now
-    )
-    with daemon.sessions() as session:
-        closed = daemon.reconcile(session)
-        session.commit()
-    return closed
+    return reconcile_at(engine, slurm, after=after)
 
 
 def foreign_notes(engine: Engine) -> list[tuple[str, str, object, object]]:
@@ -132,7 +139,7 @@ def test_the_relaunch_is_the_owners_job_not_another_users_carrying_its_token(
 ) -> None:
     intent = relaunch_intent(fresh_engine)
     seam = QueueSeam([queued(9101, "bob", intent.token), queued(9102, "alice", intent.token)])
-    assert reconcile(fresh_engine, seam, AccountingSlurm()) == [(intent.action_id, 9102)]
+    assert reconcile_relaunch(fresh_engine, seam, AccountingSlurm()) == [(intent.action_id, 9102)]
     with make_session_factory(fresh_engine)() as session:
         proposal = session.get(Proposal, intent.proposal_id)
         assert proposal is not None
@@ -146,8 +153,10 @@ def test_a_token_only_another_user_carries_finds_nothing_and_is_noted_once(
     intent = relaunch_intent(fresh_engine)
     seam = QueueSeam([queued(9201, "bob", intent.token)])
     bob_ended = AccountingSlurm([accounted(9202, "bob", intent.token)])
-    assert reconcile(fresh_engine, seam, bob_ended, after=timedelta(0)) == []  # not settled
-    assert reconcile(fresh_engine, seam, bob_ended) == [(intent.action_id, None)]
+    assert (
+        reconcile_relaunch(fresh_engine, seam, bob_ended, after=timedelta(0)) == []
+    )  # not settled
+    assert reconcile_relaunch(fresh_engine, seam, bob_ended) == [(intent.action_id, None)]
     with make_session_factory(fresh_engine)() as session:
         proposal = session.get(Proposal, intent.proposal_id)
         assert proposal is not None
@@ -166,7 +175,7 @@ def test_a_token_inside_a_longer_word_of_a_comment_is_not_the_token(
         [queued(9301, "alice", f"x{intent.token}"), queued(9302, "alice", f"{intent.token}0")]
     )
     ended = AccountingSlurm([accounted(9303, "alice", f"run:{intent.token}")])
-    assert reconcile(fresh_engine, seam, ended) == [(intent.action_id, None)]
+    assert reconcile_relaunch(fresh_engine, seam, ended) == [(intent.action_id, None)]
     assert foreign_notes(fresh_engine) == []
 
 
@@ -175,48 +184,58 @@ def test_in_accounting_too_only_the_owners_job_counts(fresh_engine: Engine) -> N
     ended = AccountingSlurm(
         [accounted(9401, "bob", intent.token), accounted(9402, "alice", f"  {intent.token}\n")]
     )
-    assert reconcile(fresh_engine, QueueSeam(), ended) == [(intent.action_id, 9402)]
+    assert reconcile_relaunch(fresh_engine, QueueSeam(), ended) == [(intent.action_id, 9402)]
     assert foreign_notes(fresh_engine) == [("proposal", str(intent.proposal_id), 9401, "bob")]
 
 
 # ------------------------------------------------------------------- first submissions
 
 
+class DiesAtSbatch(AccountingSlurm):
+    """`slurm-medic submit` killed while sbatch runs: the intent is all the record holds."""
+
+    def submit(
+        self,
+        script: str,
+        *,
+        as_user: str,
+        comment: str | None = None,
+        exclude_nodes: Iterable[str] = (),
+        extra_args: Sequence[str] = (),
+        work_dir: str | None = None,
+    ) -> int:
+        raise SystemExit("killed")
+
+
 def first_submission_intent(engine: Engine) -> tuple[int, str]:
-    """`slurm-medic submit` for alice that died after its intent: (lineage id, token)."""
+    """The real first submission for alice, killed after its intent: (lineage id, token)."""
     template = load_template(TEMPLATE_DIR)
     first = initial_revision(template)
-    token = repo.new_token()
     with make_session_factory(engine)() as session:
-        lineage = repo.create_lineage(
-            session, name=template.name, owner="alice", template=str(TEMPLATE_DIR)
-        )
-        revision = repo.record_template_revision(
-            session, lineage_id=lineage.id, knobs=knobs_to_json(first.knobs), rendered_script=""
-        )
-        repo.append_audit(
-            session,
-            actor=repo.Actor.user("alice", 1001),
-            verb="submit_intent",
-            subject_type="lineage",
-            subject_id=lineage.id,
-            details={"token": token, "revision": revision.id, "owner": "alice"},
-        )
-        session.commit()
-        return lineage.id, token
+        with pytest.raises(SystemExit):
+            submit_new_lineage(
+                session,
+                DiesAtSbatch(),
+                Sbatch(first.script, "alice", "/home/alice"),
+                name=template.name,
+                template_dir=str(TEMPLATE_DIR),
+                knobs=knobs_to_json(first.knobs),
+                actor=repo.Actor.user("alice", 1001),
+            )
+        session.rollback()
+        intent = repo.pending_intents(session)[-1]  # the newest
+        assert intent.lineage_id is not None
+        return intent.lineage_id, intent.token
 
 
-def reconcile_first(engine: Engine, seam: QueueSeam) -> list[tuple[int, int | None]]:
+def reconcile_first(engine: Engine, seam: QueueSeam) -> list[tuple[int | None, int | None]]:
+    """Reconcile past the settle time: (lineage id, job found) for each intent closed."""
     now = datetime.now(UTC) + SETTLED
-    daemon = Daemon(
-        settings_for(engine),
-        backend=AccountingSlurm(queue=seam),
-        files=deps({}).files,
-        engine=engine,
-        clock=lambda: now,
-    )
-    with daemon.sessions() as session:
-        return daemon.reconcile_first_submissions(session)
+    with make_session_factory(engine)() as session:
+        closed = reconcile(
+            session, AccountingSlurm(queue=seam), now=now, settle=SETTLE, actor=DAEMON
+        )
+    return [(c.lineage_id, c.job_id) for c in closed]
 
 
 def test_a_first_submission_is_found_only_on_the_owners_job(fresh_engine: Engine) -> None:
@@ -245,11 +264,9 @@ def test_a_first_submission_token_on_another_users_job_closes_as_never_submitted
 
 @pytest.mark.cluster
 @pytest.mark.usefixtures("devcluster")
-def test_a_comment_forging_a_queue_line_stays_inside_its_own_job(tmp_path: Path) -> None:
+def test_a_comment_forging_a_queue_line_stays_inside_its_own_job() -> None:
     token = repo.new_token()
     forged = f"x\n{2**31}|alice|{token}"
-    engine = make_engine(StoreSettings(url=sqlite_url(tmp_path / "medic.db")))
-    daemon = Daemon(Settings(), backend=SlurmCli(), files=deps({}).files, engine=engine)
     with user_dir("medic-token", "bob") as work_dir:
         job_id = SlurmCli().submit(
             "#!/bin/bash\nsleep 60\n",
@@ -259,10 +276,9 @@ def test_a_comment_forging_a_queue_line_stays_inside_its_own_job(tmp_path: Path)
             extra_args=["--output=/dev/null"],
         )
         try:
-            mentioning = [job for job in daemon.backend.queued_jobs() if token in job.comment]
+            mentioning = [job for job in SlurmCli().queued_jobs() if token in job.comment]
         finally:
             SlurmCli().cancel(job_id)
-            engine.dispose()
     assert mentioning == [QueuedJob(job_id, "bob", forged)]  # one job, bob's, comment whole
     assert not carries_token(forged, token)
 
@@ -275,16 +291,9 @@ def test_one_reconciliation_asks_the_queue_and_accounting_once_for_every_intent(
     seam = QueueSeam([queued(9700, "alice", intents[0][1])])
     slurm = AccountingSlurm(queue=seam)
     now = datetime.now(UTC) + SETTLED
-    daemon = Daemon(
-        settings_for(fresh_engine),
-        backend=slurm,
-        files=deps({}).files,
-        engine=fresh_engine,
-        clock=lambda: now,
-    )
-    with daemon.sessions() as session:
-        closed = daemon.reconcile_first_submissions(session)
-    assert sorted(closed) == sorted(
-        [(intents[0][0], 9700), (intents[1][0], None), (intents[2][0], None)]
+    with make_session_factory(fresh_engine)() as session:
+        closed = reconcile(session, slurm, now=now, settle=SETTLE, actor=DAEMON)
+    assert sorted((c.lineage_id or 0, c.job_id or 0) for c in closed) == sorted(
+        [(intents[0][0], 9700), (intents[1][0], 0), (intents[2][0], 0)]
     )
     assert (seam.calls, slurm.accounting_calls) == (1, 1)

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select
 
 from daemon.config import Settings
 from daemon.process import CommandResult
-from daemon.service import CURSOR, Daemon
+from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import RAW_CHARS
 from daemon.store import repository as repo
@@ -26,6 +26,7 @@ from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent
 from daemon.store.schema import upgrade
 from daemon.store.service_records import SUBJECT_UNREADABLE, VERB_HANDLED, VERB_REJECTED
+from daemon.watch import CURSOR
 from tests.test_pipeline import FRAGMENTED, FakeFiles, start_lineage
 from tests.test_service_poll import settings_for
 

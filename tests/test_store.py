@@ -389,13 +389,7 @@ def test_forged_intent_is_refused(db_session: Session) -> None:
     intent = repo.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    forged = repo.SubmitIntent(
-        action_id=intent.action_id,
-        proposal_id=intent.proposal_id,
-        token="medic-forged",
-        argv=intent.argv,
-        recorded_at=intent.recorded_at,
-    )
+    forged = dataclasses.replace(intent, token="medic-forged")
     with pytest.raises(repo.IntentError, match="no recorded intent"):
         repo.record_submitted(db_session, intent=forged, slurm_job_id=1, actor=DAEMON)
 

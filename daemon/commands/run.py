@@ -28,7 +28,8 @@ def run_command(
     config_path: str | None, once: bool, poll_interval: float | None, dry_run: bool | None
 ) -> None:
     """Watch Slurm, diagnose failed jobs, act on approved fixes, verify relaunches."""
-    from daemon.service import configure_logging, daemon_from_settings  # noqa: PLC0415
+    from daemon.logs import configure_logging  # noqa: PLC0415
+    from daemon.service import daemon_from_settings  # noqa: PLC0415
 
     overrides: dict[str, dict[str, object]] = {}
     if poll_interval is not None:

@@ -1,7 +1,8 @@
 """`slurm-medic submit TEMPLATE`: start a lineage and submit its first revision.
 
-The revision is recorded and the token committed before sbatch runs; the token travels in
-the job's comment, so the daemon can tie the job to the lineage whatever happens next.
+One protocol with the daemon's relaunches (`daemon.submission`): the revision is recorded and
+the intent with its token committed before sbatch runs; the token travels in the job's
+comment, so the daemon can tie the job to the lineage whatever happens next.
 
 Exit codes: 0 submitted; 1 the template cannot be used; 2 usage, a config that cannot be
 used, or a setting refused under sudo; 4 the record cannot be used; 5 sbatch refused.
@@ -44,9 +45,8 @@ def submit_command(
 ) -> None:
     """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
     from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
-    from daemon.slurm.errors import SubmissionError  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
-    from daemon.store import service_records as records  # noqa: PLC0415
+    from daemon.submission import Sbatch, submit_new_lineage  # noqa: PLC0415
     from daemon.templates import (  # noqa: PLC0415
         TemplateError,
         initial_revision,
@@ -76,56 +76,24 @@ def submit_command(
     except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error
     actor = repo.Actor.user(me, real_uid)
+    job = Sbatch(first.script, owner, str((work_dir or Path.cwd()).resolve()))
     with context.session() as session:
-        lineage = repo.create_lineage(
-            session, name=template.name, owner=owner, template=str(directory)
-        )
-        revision = repo.record_template_revision(
+        started = submit_new_lineage(
             session,
-            lineage_id=lineage.id,
+            context.slurm(),
+            job,
+            name=template.name,
+            template_dir=str(directory),
             knobs=knobs_to_json(first.knobs),
-            rendered_script=first.script,
-        )
-        token = repo.new_token()
-        repo.append_audit(
-            session,
-            actor=actor,
-            verb="submit_intent",
-            subject_type="lineage",
-            subject_id=lineage.id,
-            details={"token": token, "revision": revision.id, "owner": owner},
-        )
-        session.commit()
-        try:
-            job_id = context.slurm().submit(
-                first.script,
-                as_user=owner,
-                comment=token,
-                work_dir=str((work_dir or Path.cwd()).resolve()),
-            )
-        except SubmissionError as error:
-            repo.append_audit(
-                session,
-                actor=actor,
-                verb="submit_failed",
-                subject_type="lineage",
-                subject_id=lineage.id,
-                details={"error": str(error), "stderr": error.stderr},
-            )
-            session.commit()
-            raise context.fail(f"{error}: {error.stderr.strip()}", exit_code=EXIT_SUBMIT) from error
-        records.record_lineage_submission(
-            session,
-            slurm_job_id=job_id,
-            lineage_id=lineage.id,
-            attempt=1,
-            revision_id=revision.id,
-            proposal_id=None,
-            token=token,
             actor=actor,
         )
-        session.commit()
-        lineage_id = lineage.id
+    lineage_id, outcome = started.lineage_id, started.outcome
+    refused = outcome.error
+    if refused is not None:
+        raise context.fail(
+            f"{refused}: {refused.stderr.strip()}", exit_code=EXIT_SUBMIT
+        ) from refused
+    job_id, token = outcome.job_id, outcome.intent.token
     document = {"lineage": lineage_id, "job": job_id, "token": token}
     line = f"lineage {lineage_id}: submitted job {job_id} as {printable(owner)} (token {token})"
     context.emit(document, say(lambda _: line))

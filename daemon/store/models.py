@@ -266,7 +266,12 @@ class TemplateRevision(Base):
 
 
 class Action(Base):
-    """One side effect on the cluster; `token` makes a relaunch findable after a crash."""
+    """One side effect on the cluster; `token` makes a submission findable after a crash.
+
+    An sbatch action is a submission of a lineage's revision: a relaunch carries its proposal,
+    a first submission (`slurm-medic submit`) none. Its lineage, revision and attempt are the
+    record of which run a Slurm job id is (`service_records.lineage_submission`).
+    """
 
     __tablename__ = "action"
     __table_args__ = (
@@ -275,10 +280,14 @@ class Action(Base):
         Index("ix_action_proposal_id", "proposal_id"),
         Index("ix_action_result_kind", "result", "kind"),
         Index("ix_action_slurm_job_id", "slurm_job_id"),
+        Index("ix_action_lineage_id", "lineage_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     proposal_id: Mapped[int | None] = mapped_column(ForeignKey("proposal.id"))
+    lineage_id: Mapped[int | None] = mapped_column(ForeignKey("lineage.id"))
+    revision_id: Mapped[int | None] = mapped_column(ForeignKey("template_revision.id"))
+    attempt: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     argv: Mapped[list[Any]] = mapped_column()
     token: Mapped[str] = mapped_column(String(64), unique=True)

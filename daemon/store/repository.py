@@ -2,6 +2,7 @@
 
 Transactions belong to the caller, except for the exactly-once functions (`record_submit_intent`
 and the three that close an intent): their commit is the point, so they make it themselves.
+`daemon.submission` is the protocol that uses them, for first submissions and relaunches alike.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ from daemon.store.models import (
 from daemon.store.states import ProposalState, check_transition
 
 RowT = TypeVar("RowT")
-ValueT = TypeVar("ValueT")
 
 TOKEN_PREFIX = "medic-"  # noqa: S105 (a label, not a secret)
+# The audit event on a submitted job naming its lineage, attempt and revision.
+VERB_LINEAGE_SUBMIT = "lineage_submit"
 PAUSE_FLAG = "paused"
 # The planned fix's fields kept as the proposal row's own columns, not in its `plan` JSON.
 _FIX_COLUMNS = ("remediator", "lever", "rung", "failing_step")
@@ -77,10 +79,16 @@ class Actor:
 
 @dataclass(frozen=True)
 class SubmitIntent:
-    """A relaunch recorded (and committed) before `sbatch` runs; the only source of its token."""
+    """A submission recorded (and committed) before `sbatch` runs; the only source of its token.
+
+    A relaunch carries its proposal; a first submission (`slurm-medic submit`) has none.
+    """
 
     action_id: int
-    proposal_id: int
+    proposal_id: int | None
+    lineage_id: int | None
+    revision_id: int | None
+    attempt: int
     token: str
     argv: tuple[str, ...]
     recorded_at: datetime
@@ -389,23 +397,38 @@ def record_template_revision(
 def record_submit_intent(
     session: Session,
     *,
-    proposal_id: int,
     build_argv: Callable[[str], Sequence[str]],
     actor: Actor,
+    proposal_id: int | None = None,
+    lineage_id: int | None = None,
+    revision_id: int | None = None,
 ) -> SubmitIntent:
-    """Record, and commit, the intent to relaunch before anything runs.
+    """Record, and commit, the intent to submit before anything runs.
 
-    The token is made here and only handed to `build_argv`, so an sbatch argv carrying a token
-    exists only once its intent is on disk; the argv must carry it (in `--comment`) so a crash
-    after sbatch can be reconciled by finding the job.
+    A relaunch names its proposal (which moves to `submitting`; its lineage and revision come
+    from it); a first submission names its lineage and revision. The token is made here and
+    only handed to `build_argv`, so an sbatch argv carrying a token exists only once its intent
+    is on disk; the argv must carry it (in `--comment`) so a crash after sbatch can be
+    reconciled by finding the job.
     """
     token = new_token()
     argv = tuple(build_argv(token))
     if not any(token in arg for arg in argv):
         raise IntentError("the sbatch argv must carry the intent's token (in --comment)")
-    transition_proposal(session, proposal_id=proposal_id, to=ProposalState.SUBMITTING, actor=actor)
+    if proposal_id is not None:
+        proposal = transition_proposal(
+            session, proposal_id=proposal_id, to=ProposalState.SUBMITTING, actor=actor
+        )
+        lineage_id = proposal.lineage_id
+        revision_id = revision_id or proposal.revision_id or _revision_made_for(session, proposal)
+    elif lineage_id is None or revision_id is None:
+        raise IntentError("a first submission names its lineage and its revision")
+    lineage = session.get(Lineage, lineage_id) if lineage_id is not None else None
     action = Action(
         proposal_id=proposal_id,
+        lineage_id=lineage_id,
+        revision_id=revision_id,
+        attempt=lineage.attempts + 1 if lineage is not None else 1,
         kind=ActionKind.SBATCH.value,
         argv=list(argv),
         token=token,
@@ -419,14 +442,37 @@ def record_submit_intent(
         verb="submit_intent",
         subject_type="action",
         subject_id=action.id,
-        details={"proposal": proposal_id, "token": token},
+        details={
+            "proposal": proposal_id,
+            "lineage": lineage_id,
+            "revision": revision_id,
+            "token": token,
+        },
     )
     session.commit()
+    return _intent(action)
+
+
+def _revision_made_for(session: Session, proposal: Proposal) -> int | None:
+    return session.scalars(
+        select(TemplateRevision.id)
+        .where(TemplateRevision.proposal_id == proposal.id)
+        .order_by(TemplateRevision.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def _intent(action: Action) -> SubmitIntent:
+    if action.attempt is None:
+        raise IntentError(f"sbatch action {action.id} has no attempt number")
     return SubmitIntent(
         action_id=action.id,
-        proposal_id=proposal_id,
-        token=token,
-        argv=argv,
+        proposal_id=action.proposal_id,
+        lineage_id=action.lineage_id,
+        revision_id=action.revision_id,
+        attempt=action.attempt,
+        token=action.token,
+        argv=tuple(str(arg) for arg in action.argv),
         recorded_at=action.started_at,
     )
 
@@ -482,22 +528,41 @@ def _close_submitted(
     action.stdout = stdout
     action.stderr = stderr
     action.finished_at = utc_now()
-    proposal = transition_proposal(
-        session,
-        proposal_id=intent.proposal_id,
-        to=ProposalState.SUBMITTED,
-        actor=actor,
-        reason=f"job {slurm_job_id}",
-    )
-    proposal.relaunch_job_id = slurm_job_id
+    if intent.proposal_id is not None:
+        proposal = transition_proposal(
+            session,
+            proposal_id=intent.proposal_id,
+            to=ProposalState.SUBMITTED,
+            actor=actor,
+            reason=f"job {slurm_job_id}",
+        )
+        proposal.relaunch_job_id = slurm_job_id
     append_audit(
         session,
         actor=actor,
         verb=verb,
         subject_type="action",
         subject_id=action.id,
-        details={"proposal": intent.proposal_id, "job": slurm_job_id},
+        details={"proposal": intent.proposal_id, "lineage": intent.lineage_id, "job": slurm_job_id},
     )
+    if intent.lineage_id is not None:
+        lineage = _get(session, Lineage, intent.lineage_id)
+        lineage.attempts = max(lineage.attempts, intent.attempt)
+        # The job's own line in the record: `show JOBID` tells which run it is.
+        append_audit(
+            session,
+            actor=actor,
+            verb=VERB_LINEAGE_SUBMIT,
+            subject_type="job",
+            subject_id=slurm_job_id,
+            details={
+                "lineage": intent.lineage_id,
+                "attempt": intent.attempt,
+                "revision": intent.revision_id,
+                "proposal": intent.proposal_id,
+                "token": intent.token,
+            },
+        )
     session.commit()
     return action
 
@@ -511,41 +576,48 @@ def record_submit_failed(
     stderr: str,
     actor: Actor,
 ) -> Action:
-    """Close an intent whose sbatch ran and refused; the proposal fails with sbatch's words."""
+    """Close an intent whose sbatch ran and refused; a relaunch's proposal fails with sbatch's
+    words. Commits."""
     action = _open_intent_action(session, intent)
     action.result = ActionResult.FAILED.value
     action.exit_code = exit_code
     action.stdout = stdout
     action.stderr = stderr
     action.finished_at = utc_now()
-    transition_proposal(
+    append_audit(
         session,
-        proposal_id=intent.proposal_id,
-        to=ProposalState.FAILED,
         actor=actor,
-        reason=f"sbatch exited {exit_code}: {stderr.strip()[:500]}",
+        verb="submit_failed",
+        subject_type="action",
+        subject_id=action.id,
+        details={
+            "proposal": intent.proposal_id,
+            "lineage": intent.lineage_id,
+            "exit_code": exit_code,
+            "stderr": stderr[:2000],
+        },
     )
+    session.flush()
+    if intent.proposal_id is not None:
+        transition_proposal(
+            session,
+            proposal_id=intent.proposal_id,
+            to=ProposalState.FAILED,
+            actor=actor,
+            reason=f"sbatch exited {exit_code}: {stderr.strip()[:500]}",
+        )
     session.commit()
     return action
 
 
 def pending_intents(session: Session) -> list[SubmitIntent]:
-    """Intents recorded but never closed: what start-up must reconcile against Slurm."""
+    """Intents recorded but never closed: what reconciliation must look for in Slurm."""
     rows = session.scalars(
         select(Action)
         .where(Action.result == ActionResult.PENDING.value, Action.kind == ActionKind.SBATCH.value)
         .order_by(Action.id)
     )
-    return [
-        SubmitIntent(
-            action_id=row.id,
-            proposal_id=_required(row.proposal_id, f"sbatch action {row.id} has no proposal"),
-            token=row.token,
-            argv=tuple(str(arg) for arg in row.argv),
-            recorded_at=row.started_at,
-        )
-        for row in rows
-    ]
+    return [_intent(row) for row in rows]
 
 
 def reconcile_intent(
@@ -553,8 +625,9 @@ def reconcile_intent(
 ) -> Action:
     """Close an intent after a crash: submitted if Slurm has a job with its token, else undone.
 
-    Not found means sbatch never ran: the proposal goes back to approved and may be submitted
-    again under a new intent. Commits.
+    Not found means sbatch never ran: a relaunch's proposal goes back to approved and may be
+    submitted again under a new intent; a first submission stays a lineage with no job.
+    Commits.
     """
     if found_job_id is not None:
         return _close_submitted(
@@ -570,20 +643,21 @@ def reconcile_intent(
     action = _open_intent_action(session, intent)
     action.result = ActionResult.NOT_FOUND.value
     action.finished_at = utc_now()
-    transition_proposal(
-        session,
-        proposal_id=intent.proposal_id,
-        to=ProposalState.APPROVED,
-        actor=actor,
-        reason=f"no Slurm job carries token {intent.token}",
-    )
+    if intent.proposal_id is not None:
+        transition_proposal(
+            session,
+            proposal_id=intent.proposal_id,
+            to=ProposalState.APPROVED,
+            actor=actor,
+            reason=f"no Slurm job carries token {intent.token}",
+        )
     append_audit(
         session,
         actor=actor,
         verb="reconciled_not_found",
         subject_type="action",
         subject_id=action.id,
-        details={"proposal": intent.proposal_id},
+        details={"proposal": intent.proposal_id, "lineage": intent.lineage_id},
     )
     session.commit()
     return action
@@ -916,10 +990,4 @@ def job_story(session: Session, *, slurm_job_id: int) -> JobStory | None:
 def _as_object(value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError(f"expected a JSON object, found {type(value).__name__}")
-    return value
-
-
-def _required(value: ValueT | None, message: str) -> ValueT:
-    if value is None:
-        raise IntentError(message)
     return value

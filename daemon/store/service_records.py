@@ -1,10 +1,10 @@
 """Repository functions the daemon's loop needs beyond `repository`: which job belongs to
 which lineage and revision, which jobs were already handled, what was done in the last hour.
 
-Kept as audit events and existing columns, so the schema is unchanged: a submission is an
-audit event on the job (`lineage_submit`), a handled job one more (`job_handled`), a record of
-the poll's window that could not be read one more (`slurm_record_rejected`). All are
-append-only, which is what a record of "this happened" should be.
+Which run a job is lives in its submission's sbatch action row (lineage, revision, attempt;
+written by `daemon.submission` for first submissions and relaunches alike). A handled job is
+an append-only audit event (`job_handled`), asked for only by the poll window's job ids, and
+so is a record of the window that could not be read (`slurm_record_rejected`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from daemon.store.models import (
     AuditEvent,
     Incident,
     Lineage,
+    LineageStatus,
     NodeEvent,
     NodeEventKind,
     Proposal,
-    TemplateRevision,
 )
 from daemon.store.repository import Actor, append_audit
 
-VERB_SUBMIT = "lineage_submit"
 VERB_HANDLED = "job_handled"
 VERB_REJECTED = "slurm_record_rejected"
 # The subject of a rejected record whose job id could not be read: a digest of its text.
@@ -52,104 +51,46 @@ class LineageSubmission:
     token: str
 
 
-def record_lineage_submission(
-    session: Session,
-    *,
-    slurm_job_id: int,
-    lineage_id: int,
-    attempt: int,
-    revision_id: int,
-    proposal_id: int | None,
-    token: str,
-    actor: Actor,
-) -> None:
-    """Say which lineage, attempt and revision a submitted job runs (flushes, no commit)."""
-    lineage = session.get(Lineage, lineage_id)
-    if lineage is not None:
-        lineage.attempts = max(lineage.attempts, attempt)
-    append_audit(
-        session,
-        actor=actor,
-        verb=VERB_SUBMIT,
-        subject_type="job",
-        subject_id=slurm_job_id,
-        details={
-            "lineage": lineage_id,
-            "attempt": attempt,
-            "revision": revision_id,
-            "proposal": proposal_id,
-            "token": token,
-        },
-    )
-    session.flush()
+# An sbatch action that made a job of a lineage (its intent closed as submitted).
+_SUBMITTED = (
+    Action.kind == ActionKind.SBATCH.value,
+    Action.slurm_job_id.is_not(None),
+    Action.lineage_id.is_not(None),
+)
 
 
 def lineage_submission(session: Session, *, slurm_job_id: int) -> LineageSubmission | None:
-    """The submission record of a job, from its audit event or, after a crash that lost the
-    event, from the relaunch the proposal recorded (`relaunch_job_id`)."""
-    event = session.scalars(
-        select(AuditEvent)
-        .where(
-            AuditEvent.subject_type == "job",
-            AuditEvent.subject_id == str(slurm_job_id),
-            AuditEvent.verb == VERB_SUBMIT,
-        )
-        .order_by(AuditEvent.id)
+    """Which lineage, attempt and revision a job slurm-medic submitted runs; None: not ours."""
+    action = session.scalars(
+        select(Action)
+        .where(*_SUBMITTED, Action.slurm_job_id == slurm_job_id)
+        .order_by(Action.id)
         .limit(1)
     ).one_or_none()
-    if event is not None:
-        details: Mapping[str, Any] = event.details
-        return LineageSubmission(
-            slurm_job_id=slurm_job_id,
-            lineage_id=int(details["lineage"]),
-            attempt=int(details["attempt"]),
-            revision_id=int(details["revision"]),
-            proposal_id=None if details.get("proposal") is None else int(details["proposal"]),
-            token=str(details.get("token", "")),
-        )
-    proposal = session.scalars(
-        select(Proposal).where(Proposal.relaunch_job_id == slurm_job_id).limit(1)
-    ).one_or_none()
-    if proposal is None or proposal.lineage_id is None:
+    if action is None or action.lineage_id is None or action.revision_id is None:
         return None
-    revision = session.scalars(
-        select(TemplateRevision).where(TemplateRevision.proposal_id == proposal.id).limit(1)
-    ).one_or_none()
-    if revision is None:
-        return None
-    lineage = session.get(Lineage, proposal.lineage_id)
-    action = session.scalars(
-        select(Action).where(Action.slurm_job_id == slurm_job_id).limit(1)
-    ).one_or_none()
     return LineageSubmission(
         slurm_job_id=slurm_job_id,
-        lineage_id=proposal.lineage_id,
-        attempt=(lineage.attempts + 1) if lineage is not None else 1,
-        revision_id=revision.id,
-        proposal_id=proposal.id,
-        token=action.token if action is not None else "",
+        lineage_id=action.lineage_id,
+        attempt=action.attempt or 1,
+        revision_id=action.revision_id,
+        proposal_id=action.proposal_id,
+        token=action.token,
     )
 
 
 def lineage_job_ids(session: Session, *, active_only: bool = True) -> dict[int, int]:
     """Slurm job id -> lineage id for every job slurm-medic submitted (active lineages only)."""
-    events = session.scalars(
-        select(AuditEvent).where(AuditEvent.verb == VERB_SUBMIT, AuditEvent.subject_type == "job")
-    )
-    result = {int(event.subject_id): int(event.details["lineage"]) for event in events}
-    # A relaunch whose submission event a crash lost is still known by its proposal.
-    relaunched = session.execute(
-        select(Proposal.relaunch_job_id, Proposal.lineage_id).where(
-            Proposal.relaunch_job_id.is_not(None), Proposal.lineage_id.is_not(None)
+    query = select(Action.slurm_job_id, Action.lineage_id).where(*_SUBMITTED)
+    if active_only:
+        query = query.join(Lineage, Lineage.id == Action.lineage_id).where(
+            Lineage.status == LineageStatus.ACTIVE.value
         )
-    ).tuples()
-    for job_id, lineage_id in relaunched:
-        if job_id is not None and lineage_id is not None:
-            result.setdefault(int(job_id), int(lineage_id))
-    if not active_only or not result:
-        return result
-    active = set(session.scalars(select(Lineage.id).where(Lineage.status == "active")).all())
-    return {job: lineage for job, lineage in result.items() if lineage in active}
+    return {
+        int(job_id): int(lineage_id)
+        for job_id, lineage_id in session.execute(query).tuples()
+        if job_id is not None and lineage_id is not None
+    }
 
 
 def handled_job_ids(session: Session, *, slurm_job_ids: Iterable[int]) -> set[int]:
@@ -247,6 +188,7 @@ def relaunches_since(session: Session, *, since: datetime, owner: str | None = N
         .select_from(Action)
         .where(
             Action.kind == ActionKind.SBATCH.value,
+            Action.proposal_id.is_not(None),  # a first submission is no relaunch
             Action.started_at >= since,
             Action.result.in_([ActionResult.SUCCEEDED.value, ActionResult.PENDING.value]),
         )
@@ -305,77 +247,3 @@ def stale_proposals(session: Session, *, older_than: timedelta, now: datetime) -
             )
         )
     )
-
-
-VERB_LINEAGE_INTENT = "submit_intent"
-VERB_LINEAGE_INTENT_CLOSED = "submit_intent_closed"
-
-
-@dataclass(frozen=True)
-class LineageIntent:
-    """`slurm-medic submit`'s intent, committed before its sbatch ran."""
-
-    lineage_id: int
-    revision_id: int
-    token: str
-    at: datetime
-
-
-def open_lineage_intents(session: Session, *, since: datetime) -> list[LineageIntent]:
-    """First submissions since `since` whose sbatch answer never reached the record (the CLI
-    died): neither a `lineage_submit` with their token nor a closing or failure event."""
-    intents = session.scalars(
-        select(AuditEvent).where(
-            AuditEvent.verb == VERB_LINEAGE_INTENT,
-            AuditEvent.subject_type == "lineage",
-            AuditEvent.at >= since,
-        )
-    ).all()
-    if not intents:
-        return []
-    closing = session.scalars(
-        select(AuditEvent).where(
-            AuditEvent.verb.in_([VERB_SUBMIT, VERB_LINEAGE_INTENT_CLOSED, "submit_failed"]),
-            AuditEvent.at >= since,
-        )
-    ).all()
-    done_tokens = {str(event.details.get("token", "")) for event in closing}
-    failed_lineages = {event.subject_id for event in closing if event.verb == "submit_failed"}
-    return [
-        LineageIntent(
-            lineage_id=int(event.subject_id),
-            revision_id=int(event.details["revision"]),
-            token=str(event.details["token"]),
-            at=event.at,
-        )
-        for event in intents
-        if str(event.details.get("token")) not in done_tokens
-        and event.subject_id not in failed_lineages
-    ]
-
-
-def close_lineage_intent(
-    session: Session, *, intent: LineageIntent, found_job_id: int | None, actor: Actor
-) -> None:
-    """Tie a found job to its lineage, or record that sbatch never made one."""
-    if found_job_id is not None:
-        record_lineage_submission(
-            session,
-            slurm_job_id=found_job_id,
-            lineage_id=intent.lineage_id,
-            attempt=1,
-            revision_id=intent.revision_id,
-            proposal_id=None,
-            token=intent.token,
-            actor=actor,
-        )
-        return
-    append_audit(
-        session,
-        actor=actor,
-        verb=VERB_LINEAGE_INTENT_CLOSED,
-        subject_type="lineage",
-        subject_id=intent.lineage_id,
-        details={"token": intent.token, "found": None},
-    )
-    session.flush()
