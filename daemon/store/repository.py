@@ -3,6 +3,10 @@
 Transactions belong to the caller, except for the exactly-once functions (`record_submit_intent`
 and the three that close an intent): their commit is the point, so they make it themselves.
 `daemon.submission` is the protocol that uses them, for first submissions and relaunches alike.
+
+Some 1,000 lines for now, not for want of seams: the exactly-once intents, the writes of the
+pipeline, and the read side of the CLI (`active_lineages` to `job_story`) would each stand
+alone; they are kept together until the web pages settle what the read side needs.
 """
 
 from __future__ import annotations
