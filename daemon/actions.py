@@ -31,6 +31,7 @@ from daemon.policy import ProposalFacts, RecentActivity, gate
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import (
@@ -44,21 +45,18 @@ from daemon.store.models import (
 )
 from daemon.store.states import ProposalState
 from daemon.submission import Sbatch, submit_once
-from daemon.templates import (
+from daemon.templates.model import LaunchTemplate, TemplateError
+from daemon.templates.rendering import render
+from daemon.templates.revisions import (
     KnobChange,
-    LaunchTemplate,
     Patch,
-    TemplateError,
     apply_patch,
     diff_revisions,
     knobs_to_json,
-    render,
     resume_patch,
-    shell_quote,
 )
-from daemon.templates import (
-    TemplateRevision as Revision,
-)
+from daemon.templates.revisions import TemplateRevision as Revision
+from daemon.templates.sandbox import shell_quote
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +327,7 @@ def _drain(
     session: Session, node: str, proposal: Proposal, incident: Incident, deps: ActDeps
 ) -> None:
     """Drain once: a node medic already holds drained is left as it is."""
-    if any(event.node == node for event in repo.drains_in_force(session)):
+    if any(event.node == node for event in control.drains_in_force(session)):
         return
     reason = f"medic: incident {incident.id} ({incident.kind}) job {incident.slurm_job_id}"
     done = perform(
@@ -343,7 +341,7 @@ def _drain(
     )
     if not done.succeeded:
         return
-    repo.record_node_event(
+    control.record_node_event(
         session,
         node=node,
         kind=NodeEventKind.DRAIN,
@@ -361,5 +359,5 @@ def _excluded(session: Session, template: LaunchTemplate, revision: Revision) ->
     knob = template.dialect.knob_for(Role.EXCLUDE)
     own = revision.knobs.get(knob) if knob else ()
     nodes = [str(node) for node in own] if isinstance(own, tuple) else []
-    nodes += [event.node for event in repo.drains_in_force(session)]
+    nodes += [event.node for event in control.drains_in_force(session)]
     return tuple(dict.fromkeys(nodes))

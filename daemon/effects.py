@@ -3,7 +3,7 @@
 The row is written and committed before the command runs, so a crash in between leaves a
 pending action on the record rather than an effect nobody wrote down; the outcome (success, or
 Slurm's refusal in its own words) closes the row. Relaunches have their own exactly-once
-protocol (`repository.record_submit_intent`): a lost sbatch answer must be found again by token,
+protocol (`action_rows.record_submit_intent`): a lost sbatch answer must be found again by token,
 where a repeated scancel, drain or resume does no harm.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from daemon.slurm.errors import SlurmError
-from daemon.store import repository as repo
+from daemon.store import action_rows
 from daemon.store.models import Action, ActionKind
 from daemon.store.repository import Actor
 
@@ -43,14 +43,14 @@ def perform(
     proposal_id: int | None = None,
 ) -> Performed:
     """Record the action, commit, run it, record how it went, commit."""
-    action = repo.record_action(
+    action = action_rows.record_action(
         session, kind=kind, argv=argv, actor=actor, node=node, proposal_id=proposal_id
     )
     session.commit()
     try:
         run()
     except SlurmError as error:
-        repo.finish_action(
+        action_rows.finish_action(
             session,
             action_id=action.id,
             exit_code=None,
@@ -60,7 +60,7 @@ def perform(
         )
         session.commit()
         return Performed(action, error)
-    repo.finish_action(
+    action_rows.finish_action(
         session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
     )
     session.commit()

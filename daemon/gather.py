@@ -30,7 +30,9 @@ from daemon.slurm.paths import PathContext, default_stdout_pattern, expand_std_p
 from daemon.slurm.records import SlurmJob
 from daemon.store import service_records as records
 from daemon.store.models import Lineage, TemplateRevision
-from daemon.templates import LaunchTemplate, TemplateError, knobs_from_json, load_template
+from daemon.templates.model import LaunchTemplate, TemplateError
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import knobs_from_json
 from remediators.allocator import current_option
 
 log = logging.getLogger(__name__)

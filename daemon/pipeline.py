@@ -46,7 +46,8 @@ from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import Incident, Lineage, LineageStatus, TemplateRevision
 from daemon.store.states import ProposalState
-from daemon.templates import TemplateError, knobs_from_json
+from daemon.templates.model import TemplateError
+from daemon.templates.revisions import knobs_from_json
 from daemon.verify import finish_completed, judge_failed_relaunch
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,9 @@ from enum import StrEnum
 
 from daemon.diagnosis import Diagnosis, FailureKind, MidRunCause, Onset
 from daemon.dialects.base import Knobs, KnobValue
-from daemon.templates import LaunchTemplate, Patch, TemplateError, render
+from daemon.templates.model import LaunchTemplate, TemplateError
+from daemon.templates.rendering import render
+from daemon.templates.revisions import Patch
 from remediators.base import Lever, NodeAction, NodeActionKind, RemediationProposal, Remediator
 from remediators.registry import BY_NAME
 

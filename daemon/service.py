@@ -46,6 +46,7 @@ from daemon.gather import JobFiles, OwnerJobFiles
 from daemon.hook import HookError, HookListener, parse_slurm_user
 from daemon.pipeline import DAEMON
 from daemon.slurm.backend import CommandRunner, SlurmBackend
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_engine, make_session_factory
@@ -315,7 +316,7 @@ class Daemon:
             self.backend,
             files=self.files,
             clock=self.clock,
-            paused=lambda: repo.is_paused(session),
+            paused=lambda: control.is_paused(session),
         )
         report.acted = act_on_approved(session, deps)
         for result in report.acted:

@@ -24,6 +24,7 @@ from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SubmissionError
 from daemon.slurm.records import JobState, QueuedJob, SlurmJob
 from daemon.slurm.sbatch import SubmitRequest, sbatch_argv
+from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store.models import AuditEvent, Lineage
 
@@ -56,7 +57,7 @@ class SubmitOutcome:
     """How one submission ended: a job id, or the error (the intent left open for
     reconciliation when sbatch may have submitted all the same)."""
 
-    intent: repo.SubmitIntent
+    intent: action_rows.SubmitIntent
     job_id: int | None = None
     error: SubmissionError | None = None
 
@@ -83,9 +84,9 @@ def submit_once(
     revision_id: int | None = None,
 ) -> SubmitOutcome:
     """Intent, sbatch, answer. A relaunch names its proposal, a first submission its lineage
-    and revision (`repository.record_submit_intent`). Commits each step."""
+    and revision (`action_rows.record_submit_intent`). Commits each step."""
     uid, gid = _identity(job.owner)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         session,
         proposal_id=proposal_id,
         lineage_id=lineage_id,
@@ -112,7 +113,7 @@ def submit_once(
                 extra={"fields": {"action": intent.action_id, "token": intent.token}},
             )
             return SubmitOutcome(intent, error=error)
-        repo.record_submit_failed(
+        action_rows.record_submit_failed(
             session,
             intent=intent,
             exit_code=error.returncode,
@@ -121,7 +122,7 @@ def submit_once(
             actor=actor,
         )
         return SubmitOutcome(intent, error=error)
-    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=actor)
+    action_rows.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=actor)
     return SubmitOutcome(intent, job_id=job_id)
 
 
@@ -240,7 +241,7 @@ def reconcile(
     """
     intents = [
         intent
-        for intent in repo.pending_intents(session)
+        for intent in action_rows.pending_intents(session)
         if intent.proposal_id is not None or now - intent.recorded_at >= settle
     ]
     if not intents:
@@ -257,7 +258,7 @@ def reconcile(
         if search.found is None and now - intent.recorded_at < settle:
             session.commit()
             continue
-        repo.reconcile_intent(session, intent=intent, found_job_id=search.found, actor=actor)
+        action_rows.reconcile_intent(session, intent=intent, found_job_id=search.found, actor=actor)
         closed.append(
             Reconciled(
                 intent.action_id,
@@ -274,7 +275,7 @@ def reconcile(
     return closed
 
 
-def _subject(intent: repo.SubmitIntent) -> tuple[str, int | None]:
+def _subject(intent: action_rows.SubmitIntent) -> tuple[str, int | None]:
     """What a foreign token is noted on: the relaunch's proposal, or the first submission's
     lineage."""
     if intent.proposal_id is not None:

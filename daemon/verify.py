@@ -29,6 +29,7 @@ from daemon.planner import AttemptRecord, Outcome
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import JobNotFound, SlurmError
 from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.codec import CodecError
@@ -41,7 +42,7 @@ from daemon.store.models import (
     TemplateRevision,
 )
 from daemon.store.states import ProposalState
-from daemon.templates import LaunchTemplate, TemplateError
+from daemon.templates.model import LaunchTemplate, TemplateError
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def _pending_too_long(
     queued, it could start after the planner had moved on, a second run of the lineage that
     nobody follows. While the daemon is paused or dry-running it only waits."""
     policy = deps.settings.policy
-    if policy.dry_run or policy.paused or repo.is_paused(session):
+    if policy.dry_run or policy.paused or control.is_paused(session):
         return f"pending {waited:.0f} s, past the timeout; not cancelled while paused or dry-run"
     job_id = job.job_id
     done = perform(

@@ -30,6 +30,7 @@ from daemon.pipeline import DAEMON, PipelineDeps, handle_ended_job, incomplete_r
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import ActionKind
@@ -53,9 +54,9 @@ class PollReport:
 def poll_again_from(session: Session, when: datetime) -> None:
     """Move the cursor back to `when` (never forward): a job that became a lineage's after
     the poll passed it is read again."""
-    cursor = repo.get_cursor(session, name=CURSOR)
+    cursor = control.get_cursor(session, name=CURSOR)
     if cursor is not None and cursor > when:
-        repo.set_cursor(session, name=CURSOR, polled_until=when)
+        control.set_cursor(session, name=CURSOR, polled_until=when)
 
 
 class Watcher:
@@ -88,7 +89,7 @@ class Watcher:
         report = PollReport()
         watcher = self.settings.watcher
         now = self.clock()
-        cursor = repo.get_cursor(session, name=CURSOR)
+        cursor = control.get_cursor(session, name=CURSOR)
         session.commit()  # only read: sacct's seconds hold no lock on the record
         start = (
             cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
@@ -136,7 +137,7 @@ class Watcher:
                 hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
         new_cursor = now if hold_cursor is None else min(now, hold_cursor)
         if cursor is None or new_cursor > cursor:
-            repo.set_cursor(session, name=CURSOR, polled_until=new_cursor)
+            control.set_cursor(session, name=CURSOR, polled_until=new_cursor)
         return report
 
     def _handle_one(
@@ -211,7 +212,7 @@ class Watcher:
         """Cancel a run whose log shows a rank's root failure while the others hang; never
         while paused or dry-running, which promise no scancel. The jobs cancelled."""
         wedge, policy = self.settings.wedge, self.settings.policy
-        if not wedge.enabled or policy.dry_run or policy.paused or repo.is_paused(session):
+        if not wedge.enabled or policy.dry_run or policy.paused or control.is_paused(session):
             return []
         lineage_jobs = records.lineage_job_ids(session)
         session.commit()  # only read: squeue and the log reads hold no lock on the record

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from daemon.diagnosis import Diagnosis
 from daemon.dialects.base import Knobs, Role
-from daemon.templates import KnobChange, LaunchTemplate
+from daemon.templates.model import LaunchTemplate
+from daemon.templates.revisions import KnobChange
 from remediators.base import (
     MIB,
     Applicability,

@@ -14,7 +14,8 @@ from typing import Protocol
 
 from daemon.diagnosis import Diagnosis
 from daemon.dialects.base import Knobs, KnobValue, Role
-from daemon.templates import KnobChange, LaunchTemplate, Patch
+from daemon.templates.model import LaunchTemplate
+from daemon.templates.revisions import KnobChange, Patch
 
 GIB = 1024**3
 MIB = 1024**2

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from daemon.diagnosis import Diagnosis, MidRunCause, Onset
 from daemon.dialects.base import KnobError, Role
 from daemon.imported import invariant_terms
-from daemon.templates import KnobChange, LaunchTemplate, invariant_known
+from daemon.templates.model import LaunchTemplate, invariant_known
+from daemon.templates.revisions import KnobChange
 from remediators.base import (
     Applicability,
     Cost,

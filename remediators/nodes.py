@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.dialects.base import Role
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.templates import KnobChange, LaunchTemplate
+from daemon.templates.model import LaunchTemplate
+from daemon.templates.revisions import KnobChange
 from remediators.base import (
     Applicability,
     Cost,

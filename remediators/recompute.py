@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.dialects.base import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, KnobKind, Role
-from daemon.templates import LaunchTemplate
+from daemon.templates.model import LaunchTemplate
 from remediators.base import (
     Applicability,
     Cost,

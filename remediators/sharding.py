@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from daemon.diagnosis import Diagnosis, FailureKind
 from daemon.dialects.base import KnobKind, Role
 from daemon.imported import invariant_terms
-from daemon.templates import LaunchTemplate
+from daemon.templates.model import LaunchTemplate
 from remediators.base import (
     Applicability,
     Cost,

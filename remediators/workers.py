@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from daemon.diagnosis import Diagnosis
 from daemon.dialects.base import Role
-from daemon.templates import LaunchTemplate
+from daemon.templates.model import LaunchTemplate
 from remediators.base import (
     Applicability,
     Cost,

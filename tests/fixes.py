@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from daemon.diagnosis import FailureKind
 from daemon.dialects.base import KnobValue
 from daemon.planner import PlannedFix, SkippedRung
-from daemon.templates import KnobChange, Patch
+from daemon.templates.revisions import KnobChange, Patch
 from remediators.base import Lever, NodeAction
 
 

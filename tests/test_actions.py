@@ -11,7 +11,10 @@ from daemon.actions import LeverMissing, build_relaunch, lever_problems
 from daemon.checkpoints import Checkpoint, CheckpointLayout
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan, planned_fix
-from daemon.templates import LaunchTemplate, initial_revision, load_template, render
+from daemon.templates.model import LaunchTemplate
+from daemon.templates.reading import load_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import initial_revision
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENTATION = Diagnosis(FailureKind.FRAGMENTATION, Confidence.HIGH, ("test",), step=4)

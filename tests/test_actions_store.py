@@ -21,6 +21,7 @@ from daemon.pipeline import DAEMON
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan, planned_fix
 from daemon.slurm.errors import JobNotFound, SubmissionError
 from daemon.slurm.records import JobState, JobWindow, QueuedJob, SlurmJob, SlurmNode
+from daemon.store import action_rows, control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import Action, Lineage, NodeEvent, TemplateRevision
@@ -180,7 +181,7 @@ def test_pause_and_dry_run_touch_nothing(db_session: Session, hold: str) -> None
     proposal_id = approved_hardware_proposal(db_session, 6201)
     slurm = FakeSlurm()
     if hold == "paused":
-        repo.set_paused(db_session, paused=True, actor=DAEMON, reason="test")
+        control.set_paused(db_session, paused=True, actor=DAEMON, reason="test")
         result = act(
             db_session,
             proposal_id,
@@ -188,7 +189,7 @@ def test_pause_and_dry_run_touch_nothing(db_session: Session, hold: str) -> None
                 settings=Settings(),
                 backend=slurm,
                 files=FakeFiles({}),
-                paused=lambda: repo.is_paused(db_session),
+                paused=lambda: control.is_paused(db_session),
             ),
         )
     else:
@@ -225,5 +226,5 @@ def test_a_lost_answer_leaves_the_intent_for_reconciliation(db_session: Session)
     result = act(db_session, proposal_id, deps(FakeSlurm(submit_error=lost)))
     assert result.outcome == "maybe_submitted"
     assert state_of(db_session, proposal_id) == ProposalState.SUBMITTING.value
-    (intent,) = repo.pending_intents(db_session)
+    (intent,) = action_rows.pending_intents(db_session)
     assert intent.proposal_id == proposal_id

@@ -259,7 +259,7 @@ def test_diagnose_jobid_names_the_allocations_node_and_reports_the_other(
     log = tmp_path / "job-6201.out"
     log.write_text(REPRODUCER)
     job = dataclasses.replace(on_gpu_01(failed_job(6201)), stdout_path=str(log))
-    monkeypatch.setattr(diagnose_command, "_job", lambda _job_id: job)
+    monkeypatch.setattr(diagnose_command, "_job", lambda _context, _job_id: job)
     result = CliRunner().invoke(main, ["diagnose", "6201", "--json"])
     assert result.exit_code == 0, result.output
     verdict = json.loads(result.output)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,21 @@ def test_output_is_one_json_document_or_a_persons_text_both_inert(
     assert json.loads(as_json) == document
     Output(as_json=False).emit(document, line)
     assert capsys.readouterr().out == "job 42 of mallory\\u202egnp.exe [bold]\n"
+
+
+def test_commands_that_open_no_record_load_no_database_layer_nor_settings() -> None:
+    """`diagnose --log` and `template` print and fail through the context without paying for
+    SQLAlchemy, Alembic or pydantic, which only settings and the record need."""
+    probe = (
+        "import sys, daemon.commands.diagnose, daemon.commands.template;"
+        " print(*(name in sys.modules for name in ('sqlalchemy', 'alembic', 'pydantic')))"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert output.split() == ["False", "False", "False"]
+
+
+def test_a_persons_text_keeps_emoji_codes_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    Output().emit({"reason": "loss :fire: at step 7"}, say(lambda shown: shown["reason"]))
+    assert capsys.readouterr().out == "loss :fire: at step 7\n"

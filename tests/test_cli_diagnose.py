@@ -9,16 +9,20 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
+from daemon.config import ProcessIds
 from daemon.evidence.findings import merge_findings
 from daemon.evidence.records import GpuFault, LogFindings, RootCause
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError
+from daemon.slurm.records import SlurmJob
+from tests.factories import ended_job
 
 DATA = Path(__file__).parent / "data"
 SCRIPT = Path(sys.executable).with_name("slurm-medic")
@@ -250,3 +254,94 @@ def test_a_merged_step_zero_is_kept_with_its_line() -> None:
     progress = LogFindings(step=0, step_line="  0%|          | 0/1000 [00:00<?, ?it/s]")
     merged = merge_findings([failing, progress])
     assert (merged.step, merged.step_line) == (0, progress.step_line)
+
+
+def test_json_and_text_show_a_log_line_with_del_and_bidi_characters_inertly(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "evil.log"
+    line = "ValueError: rm\x7f\x7f\x7f-rf \u202egnp.exe"
+    log.write_text(line + "\n")
+    as_json = CliRunner().invoke(main, ["diagnose", "--log", str(log), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert "\x7f" not in as_json.output
+    assert "\u202e" not in as_json.output
+    assert "rm\\u007f\\u007f\\u007f-rf \\u202egnp.exe" in as_json.output
+    assert json.loads(as_json.output)["root_cause_line"] == line  # the same value, escaped
+    text = CliRunner().invoke(main, ["diagnose", "--log", str(log)])
+    assert text.exit_code == 0, text.output
+    assert "\x7f" not in text.output
+    assert "rm\\x7f\\x7f\\x7f-rf \\u202egnp.exe" in text.output
+
+
+@pytest.fixture
+def recording_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The timeouts the JOBID path builds its Slurm client with, for job 77 whose output is
+    a real OOM message; no system config and no SLURM_MEDIC_ variable."""
+    for name in list(os.environ):
+        if name.startswith("SLURM_MEDIC_") or name == "SUDO_UID":
+            monkeypatch.delenv(name)
+    monkeypatch.setattr("daemon.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    log = tmp_path / "slurm-77.out"
+    shutil.copy(DATA / "oom" / "torch21_capacty.txt", log)
+    job = ended_job(77, end=datetime(2026, 1, 5, 12, tzinfo=UTC), stdout_path=str(log))
+    timeouts: list[float] = []
+
+    class RecordingSlurm:
+        def __init__(self, *, timeout_s: float) -> None:
+            timeouts.append(timeout_s)
+
+        def job(self, job_id: str) -> SlurmJob:
+            assert job_id == "77"
+            return job
+
+    monkeypatch.setattr("daemon.commands.context.SlurmCli", RecordingSlurm)
+    return timeouts
+
+
+def test_jobid_takes_the_slurm_timeout_of_the_config_it_is_given(
+    tmp_path: Path, recording_slurm: list[float]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("slurm_timeout_s = 7.5\n")
+    result = CliRunner().invoke(main, ["diagnose", "77", "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kind"] == "fragmentation"
+    assert recording_slurm == [7.5]
+
+
+def test_jobid_without_config_takes_the_system_config_else_the_default(
+    tmp_path: Path, recording_slurm: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert CliRunner().invoke(main, ["diagnose", "77"]).exit_code == 0
+    system = tmp_path / "system.toml"
+    system.write_text("slurm_timeout_s = 12.0\n")
+    monkeypatch.setattr("daemon.config.DEFAULT_CONFIG_PATH", system)
+    assert CliRunner().invoke(main, ["diagnose", "77"]).exit_code == 0
+    assert recording_slurm == [30.0, 12.0]
+
+
+def test_a_config_that_cannot_be_used_or_chosen_is_a_usage_error_in_diagnoses_voice(
+    tmp_path: Path, recording_slurm: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("slurm_timeout_s = -1\n")
+    broken = CliRunner().invoke(main, ["diagnose", "77", "--config", str(bad)])
+    assert broken.exit_code == 2
+    assert broken.stderr.startswith("slurm-medic diagnose: ")
+    assert "slurm_timeout_s" in broken.stderr
+    with_log = CliRunner().invoke(main, ["diagnose", "--log", "x.log", "--config", str(bad)])
+    assert with_log.exit_code == 2
+    assert "--config is read only with JOBID" in with_log.output
+    monkeypatch.setenv("SUDO_UID", "1001")
+    monkeypatch.setattr(
+        "daemon.config.ProcessIds.current",
+        lambda: ProcessIds(uid=0, euid=0, gid=0, egid=0),
+    )
+    good = tmp_path / "good.toml"
+    good.write_text("slurm_timeout_s = 7.5\n")
+    refused = CliRunner().invoke(main, ["diagnose", "77", "--config", str(good)])
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("slurm-medic diagnose: ")
+    assert "--config" in refused.stderr
+    assert recording_slurm == []  # Slurm was never asked

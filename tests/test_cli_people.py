@@ -34,6 +34,7 @@ from daemon.evidence.records import (
 )
 from daemon.planner import SkippedRung
 from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import action_rows, control
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Proposal
@@ -138,20 +139,20 @@ def _seed(session: Session) -> tuple[int, int, int]:
         actor=repo.Actor.user("alice", ALICE_UID),
         reason="fine, the global batch is kept",
     )
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         session,
         proposal_id=proposal.id,
         build_argv=lambda token: ["sbatch", f"--comment={token}", "job.sh"],
         actor=DAEMON,
     )
-    repo.record_submitted(session, intent=intent, slurm_job_id=1002, actor=DAEMON)
+    action_rows.record_submitted(session, intent=intent, slurm_job_id=1002, actor=DAEMON)
     repo.record_job(
         session,
         job=_job(1002, JobState.COMPLETED, NOW - timedelta(hours=1)),
         lineage_id=lineage.id,
         attempt=2,
     )
-    repo.record_node_event(
+    control.record_node_event(
         session,
         node="gpu-02",
         kind=NodeEventKind.DRAIN,
@@ -159,7 +160,7 @@ def _seed(session: Session) -> tuple[int, int, int]:
         reason="medic: test drain",
         incident_id=incident.id,
     )
-    repo.record_node_event(
+    control.record_node_event(
         session, node="gpu-02", kind=NodeEventKind.RESUME, by_medic=True, reason="test over"
     )
     repo.append_audit(
@@ -327,10 +328,10 @@ def test_status_lists_waiting_proposals_drains_and_the_pause(
     seeded: Seeded, empty_db_engine: Engine
 ) -> None:
     with make_session_factory(empty_db_engine)() as session:
-        repo.record_node_event(
+        control.record_node_event(
             session, node="gpu-03", kind=NodeEventKind.DRAIN, by_medic=True, reason="medic: XID 79"
         )
-        repo.set_cursor(session, name="finished", polled_until=NOW)
+        control.set_cursor(session, name="finished", polled_until=NOW)
         session.commit()
     document = _json(_cli(seeded, "status", "--json"))
     assert document["paused"] is False
@@ -444,10 +445,10 @@ def test_nodes_lists_medic_drains_and_refuses_to_resume_others(
     seeded: Seeded, empty_db_engine: Engine
 ) -> None:
     with make_session_factory(empty_db_engine)() as session:
-        repo.record_node_event(
+        control.record_node_event(
             session, node="gpu-03", kind=NodeEventKind.DRAIN, by_medic=True, reason="medic: XID 79"
         )
-        repo.record_node_event(
+        control.record_node_event(
             session, node="gpu-04", kind=NodeEventKind.DRAIN, by_medic=False, reason="bios update"
         )
         session.commit()

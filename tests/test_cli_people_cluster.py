@@ -13,7 +13,7 @@ from sqlalchemy import select
 from daemon import process
 from daemon.cli import main
 from daemon.slurm.backend import SlurmCli
-from daemon.store import repository as repo
+from daemon.store import control
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Action, ActionKind, NodeEvent, NodeEventKind
 from daemon.store.schema import upgrade
@@ -41,7 +41,7 @@ def _record(tmp_path: Path, reason: str) -> str:
     engine = make_engine(StoreSettings(url=url))
     upgrade(engine)
     with make_session_factory(engine)() as session:
-        repo.record_node_event(
+        control.record_node_event(
             session, node=SPARE_NODE, kind=NodeEventKind.DRAIN, by_medic=True, reason=reason
         )
         session.commit()

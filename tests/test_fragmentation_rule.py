@@ -19,7 +19,8 @@ from daemon.evidence.oom import parse_oom
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport
 from daemon.gather import template_expandable_segments
 from daemon.rules.dispatch import diagnose
-from daemon.templates import load_template, validate_knobs
+from daemon.templates.model import validate_knobs
+from daemon.templates.reading import load_template
 from tests.corpus import (
     KIND_AS_RULE,
     MESSAGES_DIR,

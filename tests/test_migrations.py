@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 from daemon.cli import main
 from daemon.diagnosis import FailureKind
 from daemon.planner import Outcome, SkippedRung
+from daemon.store import action_rows, schema
 from daemon.store import repository as repo
-from daemon.store import schema
 from daemon.store import service_records as records
 from daemon.store.models import Base, Proposal
-from daemon.templates import KnobChange, Patch
+from daemon.templates.revisions import KnobChange, Patch
 from remediators.base import Lever
 
 TABLES = {
@@ -429,7 +429,7 @@ def test_0005_gives_every_submission_its_row_and_back(empty_db_engine: Engine) -
         assert records.lineage_job_ids(session) == {102: 1, 201: 2}
         found = records.lineage_submission(session, slurm_job_id=201)
         assert found == records.LineageSubmission(201, 2, 1, 2, None, "medic-submitted")
-        assert [intent.token for intent in repo.pending_intents(session)] == ["medic-open"]
+        assert [intent.token for intent in action_rows.pending_intents(session)] == ["medic-open"]
 
     schema.downgrade(empty_db_engine, "0004")
     assert _sbatch_tokens(empty_db_engine) == {"medic-relaunch"}
@@ -449,7 +449,7 @@ def test_0005_downgrade_writes_the_events_the_old_code_reads(empty_db_engine: En
         )
         lineage_id, revision_id = lineage.id, revision.id
         intents = [
-            repo.record_submit_intent(
+            action_rows.record_submit_intent(
                 session,
                 lineage_id=lineage_id,
                 revision_id=revision_id,
@@ -458,7 +458,7 @@ def test_0005_downgrade_writes_the_events_the_old_code_reads(empty_db_engine: En
             )
             for _ in range(2)
         ]
-        repo.record_submitted(
+        action_rows.record_submitted(
             session, intent=intents[1], slurm_job_id=301, actor=repo.Actor.daemon()
         )
     schema.downgrade(empty_db_engine, "0004")

@@ -23,7 +23,9 @@ from daemon.owner_serve import MAX_TEMPLATE_CONFIGS, MAX_TEMPLATE_FILE_BYTES
 from daemon.owner_walk import RefusalKind
 from daemon.pipeline import PipelineDeps, handle_ended_job
 from daemon.store.models import AuditEvent, Lineage, LineageStatus
-from daemon.templates import TemplateError, TemplateReader, load_template, render
+from daemon.templates.model import TemplateError
+from daemon.templates.reading import TemplateReader, load_template
+from daemon.templates.rendering import render
 from tests.test_checkpoints import hf_checkpoint
 from tests.test_owner_files import SECRET, alice_owner, owned_dir
 from tests.test_pipeline import failed_job, start_lineage

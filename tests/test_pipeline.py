@@ -21,13 +21,15 @@ from daemon.owner_files import OwnerFiles, TemplateTexts
 from daemon.pipeline import PipelineDeps, failing_step, handle_ended_job
 from daemon.planner import LineageHistory, PlannedFix, PlannerPolicy, Proposal, plan, planned_fix
 from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.codec import from_json, to_json
 from daemon.store.models import AuditEvent, Lineage
 from daemon.store.models import Proposal as ProposalRow
 from daemon.store.states import ProposalState
-from daemon.templates import initial_revision, knobs_to_json, load_template
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import initial_revision, knobs_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = ROOT / "launch_templates" / "torchrun"
@@ -130,14 +132,14 @@ def start_lineage(session: Session, job_id: int) -> int:
         knobs=knobs_to_json(first.knobs),
         rendered_script=first.script,
     )
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         session,
         lineage_id=lineage.id,
         revision_id=revision.id,
         build_argv=lambda token: ["sbatch", f"--comment={token}"],
         actor=ACTOR,
     )
-    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
+    action_rows.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
     return lineage.id
 
 
@@ -159,13 +161,13 @@ def pretend_relaunched(session: Session, proposal_id: int, job_id: int, lineage_
     repo.record_relaunch_revision(
         session, proposal=proposal, revision_id=revision.id, resumed_step=None
     )
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         session,
         proposal_id=proposal_id,
         build_argv=lambda token: ["sbatch", f"--comment={token}"],
         actor=ACTOR,
     )
-    repo.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
+    action_rows.record_submitted(session, intent=intent, slurm_job_id=job_id, actor=ACTOR)
 
 
 def test_fragmentation_is_proposed_and_auto_approved(db_session: Session) -> None:
@@ -260,13 +262,13 @@ def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
         rendered_script="#!/bin/bash\n",
         proposal_id=proposal.id,
     )
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session,
         proposal_id=proposal.id,
         build_argv=lambda token: ["sbatch", f"--comment={token}"],
         actor=ACTOR,
     )
-    repo.record_submitted(db_session, intent=intent, slurm_job_id=5502, actor=ACTOR)
+    action_rows.record_submitted(db_session, intent=intent, slurm_job_id=5502, actor=ACTOR)
     assert records.lineage_job_ids(db_session)[5502] == lineage_id
     found = records.lineage_submission(db_session, slurm_job_id=5502)
     assert found is not None

@@ -23,13 +23,9 @@ from daemon.planner import (
     plan,
     with_outcome,
 )
-from daemon.templates import (
-    LaunchTemplate,
-    TemplateRevision,
-    apply_patch,
-    initial_revision,
-    load_template,
-)
+from daemon.templates.model import LaunchTemplate
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import TemplateRevision, apply_patch, initial_revision
 from remediators.base import Lever
 from remediators.registry import BY_NAME
 

@@ -13,7 +13,10 @@ from daemon.diagnosis import Confidence, Diagnosis, FailureKind, MidRunCause, On
 from daemon.dialects.base import KnobValue, Role
 from daemon.evidence.records import OomFamily, OomReport, Phase
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.templates import LaunchTemplate, Patch, load_template, render, validate_knobs
+from daemon.templates.model import LaunchTemplate, validate_knobs
+from daemon.templates.reading import load_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import Patch
 from remediators.allocator import (
     ExpandableSegments,
     GarbageCollectionThreshold,

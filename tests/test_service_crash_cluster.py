@@ -19,12 +19,14 @@ from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.gather import OwnerJobFiles
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
+from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_session_factory
 from daemon.store.models import Action, Incident, Proposal
 from daemon.submission import ACCOUNTED_STATES, Sbatch, carries_token, submit_new_lineage
-from daemon.templates import initial_revision, knobs_to_json, load_template
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import initial_revision, knobs_to_json
 from tests.devcluster import DevCluster
 from tests.test_service_cluster import (
     USER,
@@ -164,7 +166,7 @@ def test_a_first_submission_whose_cli_died_is_found_and_followed(
                 actor=repo.Actor.user("root", 0),
             )
         session.rollback()
-        (intent,) = repo.pending_intents(session)
+        (intent,) = action_rows.pending_intents(session)
     (job_id,) = jobs_with(daemon, intent.token)
     daemon.start()
     cycle_until(

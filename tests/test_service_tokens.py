@@ -16,6 +16,7 @@ from daemon.pipeline import DAEMON, handle_ended_job
 from daemon.process import CommandResult
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import JobState, QueuedJob, SlurmJob
+from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent, Lineage, Proposal
@@ -27,7 +28,8 @@ from daemon.submission import (
     reconcile,
     submit_new_lineage,
 )
-from daemon.templates import initial_revision, knobs_to_json, load_template
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import initial_revision, knobs_to_json
 from tests.devcluster import user_dir
 from tests.test_actions_store import FakeSlurm
 from tests.test_pipeline import FRAGMENTED, TEMPLATE_DIR, deps, failed_job, start_lineage
@@ -93,14 +95,14 @@ def accounted(job_id: int, user: str, comment: str) -> SlurmJob:
     return dataclasses.replace(failed_job(job_id), user=user, comment=comment)
 
 
-def relaunch_intent(engine: Engine) -> repo.SubmitIntent:
+def relaunch_intent(engine: Engine) -> action_rows.SubmitIntent:
     """An approved relaunch of alice's lineage whose sbatch answer was lost."""
     with make_session_factory(engine)() as session:
         start_lineage(session, 9001)
         result = handle_ended_job(session, failed_job(9001), deps({9001: FRAGMENTED}))
         assert result.approved
         assert result.proposal_id is not None
-        intent = repo.record_submit_intent(
+        intent = action_rows.record_submit_intent(
             session,
             proposal_id=result.proposal_id,
             build_argv=lambda token: ["sbatch", f"--comment={token}"],
@@ -223,7 +225,7 @@ def first_submission_intent(engine: Engine) -> tuple[int, str]:
                 actor=repo.Actor.user("alice", 1001),
             )
         session.rollback()
-        intent = repo.pending_intents(session)[-1]  # the newest
+        intent = action_rows.pending_intents(session)[-1]  # the newest
         assert intent.lineage_id is not None
         return intent.lineage_id, intent.token
 
@@ -265,7 +267,7 @@ def test_a_first_submission_token_on_another_users_job_closes_as_never_submitted
 @pytest.mark.cluster
 @pytest.mark.usefixtures("devcluster")
 def test_a_comment_forging_a_queue_line_stays_inside_its_own_job() -> None:
-    token = repo.new_token()
+    token = action_rows.new_token()
     forged = f"x\n{2**31}|alice|{token}"
     with user_dir("medic-token", "bob") as work_dir:
         job_id = SlurmCli().submit(

@@ -21,7 +21,7 @@ from daemon.process import CommandResult
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.records import RAW_CHARS
-from daemon.store import repository as repo
+from daemon.store import control
 from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent
 from daemon.store.schema import upgrade
@@ -155,7 +155,7 @@ def _events(engine: Engine, verb: str) -> list[AuditEvent]:
 
 def _cursor(engine: Engine) -> datetime | None:
     with make_session_factory(engine)() as session:
-        return repo.get_cursor(session, name=CURSOR)
+        return control.get_cursor(session, name=CURSOR)
 
 
 def test_a_broken_record_among_good_ones_is_recorded_once_and_the_others_are_handled(

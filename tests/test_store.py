@@ -24,6 +24,7 @@ from daemon.evidence.records import (
     ProbeVerdict,
 )
 from daemon.slurm.records import JobState, SlurmJob
+from daemon.store import action_rows, control, queries
 from daemon.store import repository as repo
 from daemon.store.engine import make_session_factory
 from daemon.store.models import (
@@ -186,7 +187,7 @@ def test_illegal_transition_raises_and_changes_nothing(db_session: Session) -> N
         )
     db_session.expire_all()
     assert db_session.get(Proposal, proposal.id).state == "proposed"  # type: ignore[union-attr]
-    verbs = [e.verb for e in repo.proposal_audit_trail(db_session, proposal_id=proposal.id)]
+    verbs = [e.verb for e in queries.proposal_audit_trail(db_session, proposal_id=proposal.id)]
     assert verbs == ["propose"]
 
 
@@ -267,39 +268,39 @@ def test_database_trigger_refuses_raw_sql(db_session: Session, sql: str) -> None
 
 def test_intent_then_submitted(db_session: Session) -> None:
     proposal = approved_proposal(db_session)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    assert intent.token.startswith(repo.TOKEN_PREFIX)
+    assert intent.token.startswith(action_rows.TOKEN_PREFIX)
     assert f"--comment={intent.token}" in intent.argv
     assert proposal.state == "submitting"
-    assert repo.pending_intents(db_session) == [intent]
+    assert action_rows.pending_intents(db_session) == [intent]
 
-    action = repo.record_submitted(
+    action = action_rows.record_submitted(
         db_session, intent=intent, slurm_job_id=5001, actor=DAEMON, stdout="5001\n"
     )
     assert action.result == ActionResult.SUCCEEDED
     assert proposal.state == "submitted"
     assert proposal.relaunch_job_id == 5001
-    assert repo.pending_intents(db_session) == []
-    with pytest.raises(repo.IntentError, match="already closed"):
-        repo.record_submitted(db_session, intent=intent, slurm_job_id=5001, actor=DAEMON)
+    assert action_rows.pending_intents(db_session) == []
+    with pytest.raises(action_rows.IntentError, match="already closed"):
+        action_rows.record_submitted(db_session, intent=intent, slurm_job_id=5001, actor=DAEMON)
 
 
 def test_intent_requires_approval(db_session: Session) -> None:
     incident = seed_incident(db_session)
     proposal = seed_proposal(db_session, incident_id=incident.id)
     with pytest.raises(IllegalTransition, match="from proposed to submitting"):
-        repo.record_submit_intent(
+        action_rows.record_submit_intent(
             db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
         )
-    assert repo.pending_intents(db_session) == []
+    assert action_rows.pending_intents(db_session) == []
 
 
 def test_argv_without_the_token_records_nothing(db_session: Session) -> None:
     proposal = approved_proposal(db_session)
-    with pytest.raises(repo.IntentError, match="token"):
-        repo.record_submit_intent(
+    with pytest.raises(action_rows.IntentError, match="token"):
+        action_rows.record_submit_intent(
             db_session,
             proposal_id=proposal.id,
             build_argv=lambda _token: ["sbatch", "x.sbatch"],
@@ -310,32 +311,32 @@ def test_argv_without_the_token_records_nothing(db_session: Session) -> None:
 
 
 def test_each_intent_gets_its_own_token(db_session: Session) -> None:
-    first = repo.record_submit_intent(
+    first = action_rows.record_submit_intent(
         db_session,
         proposal_id=approved_proposal(db_session).id,
         build_argv=sbatch_argv,
         actor=DAEMON,
     )
-    second = repo.record_submit_intent(
+    second = action_rows.record_submit_intent(
         db_session,
         proposal_id=approved_proposal(db_session, job_id=4243).id,
         build_argv=sbatch_argv,
         actor=DAEMON,
     )
     assert first.token != second.token
-    assert repo.pending_intents(db_session) == [first, second]
+    assert action_rows.pending_intents(db_session) == [first, second]
 
 
 def test_reconcile_found_closes_as_submitted(db_session: Session) -> None:
     proposal = approved_proposal(db_session)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    (pending,) = repo.pending_intents(db_session)
-    repo.reconcile_intent(db_session, intent=pending, found_job_id=777, actor=DAEMON)
+    (pending,) = action_rows.pending_intents(db_session)
+    action_rows.reconcile_intent(db_session, intent=pending, found_job_id=777, actor=DAEMON)
     assert proposal.state == "submitted"
     assert proposal.relaunch_job_id == 777
-    verbs = [e.verb for e in repo.proposal_audit_trail(db_session, proposal_id=proposal.id)]
+    verbs = [e.verb for e in queries.proposal_audit_trail(db_session, proposal_id=proposal.id)]
     assert verbs == [
         "propose",
         "proposal_approved",
@@ -345,7 +346,7 @@ def test_reconcile_found_closes_as_submitted(db_session: Session) -> None:
         "reconciled_found",
     ]
     assert intent.token in str(
-        repo.proposal_audit_trail(db_session, proposal_id=proposal.id)[3].details
+        queries.proposal_audit_trail(db_session, proposal_id=proposal.id)[3].details
     )
 
 
@@ -353,25 +354,27 @@ def test_reconcile_not_found_returns_to_approved_and_allows_a_new_intent(
     db_session: Session,
 ) -> None:
     proposal = approved_proposal(db_session)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    action = repo.reconcile_intent(db_session, intent=intent, found_job_id=None, actor=DAEMON)
+    action = action_rows.reconcile_intent(
+        db_session, intent=intent, found_job_id=None, actor=DAEMON
+    )
     assert action.result == ActionResult.NOT_FOUND
     assert proposal.state == "approved"
-    retry = repo.record_submit_intent(
+    retry = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
     assert retry.token != intent.token
-    assert repo.pending_intents(db_session) == [retry]
+    assert action_rows.pending_intents(db_session) == [retry]
 
 
 def test_sbatch_refusal_fails_the_proposal_with_its_words(db_session: Session) -> None:
     proposal = approved_proposal(db_session)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    repo.record_submit_failed(
+    action_rows.record_submit_failed(
         db_session,
         intent=intent,
         exit_code=1,
@@ -380,18 +383,18 @@ def test_sbatch_refusal_fails_the_proposal_with_its_words(db_session: Session) -
         actor=DAEMON,
     )
     assert proposal.state == "failed"
-    trail = repo.proposal_audit_trail(db_session, proposal_id=proposal.id)
+    trail = queries.proposal_audit_trail(db_session, proposal_id=proposal.id)
     assert "Invalid account" in str(trail[-1].details["reason"])
 
 
 def test_forged_intent_is_refused(db_session: Session) -> None:
     proposal = approved_proposal(db_session)
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
     forged = dataclasses.replace(intent, token="medic-forged")
-    with pytest.raises(repo.IntentError, match="no recorded intent"):
-        repo.record_submitted(db_session, intent=forged, slurm_job_id=1, actor=DAEMON)
+    with pytest.raises(action_rows.IntentError, match="no recorded intent"):
+        action_rows.record_submitted(db_session, intent=forged, slurm_job_id=1, actor=DAEMON)
 
 
 def test_intent_is_committed_before_it_is_returned(
@@ -403,11 +406,11 @@ def test_intent_is_committed_before_it_is_returned(
     with sessions() as writer:
         proposal = approved_proposal(writer)
         writer.commit()
-        intent = repo.record_submit_intent(
+        intent = action_rows.record_submit_intent(
             writer, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
         )
         with sessions() as reader:
-            assert repo.pending_intents(reader) == [intent]
+            assert action_rows.pending_intents(reader) == [intent]
 
 
 # --- what is stored comes back --------------------------------------------------------------
@@ -436,14 +439,14 @@ def test_odd_text_is_kept(db_session: Session) -> None:
 
 def test_naive_datetime_is_refused(db_session: Session) -> None:
     with pytest.raises(Exception, match="naive datetime"):
-        repo.set_cursor(db_session, name="sacct", polled_until=datetime(2026, 1, 1))
+        control.set_cursor(db_session, name="sacct", polled_until=datetime(2026, 1, 1))
 
 
 def test_cursor_moves(db_session: Session) -> None:
-    assert repo.get_cursor(db_session, name="sacct") is None
-    repo.set_cursor(db_session, name="sacct", polled_until=T0)
-    repo.set_cursor(db_session, name="sacct", polled_until=T0 + timedelta(minutes=1))
-    assert repo.get_cursor(db_session, name="sacct") == T0 + timedelta(minutes=1)
+    assert control.get_cursor(db_session, name="sacct") is None
+    control.set_cursor(db_session, name="sacct", polled_until=T0)
+    control.set_cursor(db_session, name="sacct", polled_until=T0 + timedelta(minutes=1))
+    assert control.get_cursor(db_session, name="sacct") == T0 + timedelta(minutes=1)
 
 
 def test_job_is_refreshed_not_duplicated(db_session: Session) -> None:
@@ -476,7 +479,7 @@ def test_lineage_history_has_every_attempt(db_session: Session) -> None:
     repo.record_job(db_session, job=make_job(101), lineage_id=lineage.id, attempt=2)
     seed_incident(db_session, job_id=999)  # another run's: must not appear
 
-    history = repo.lineage_story(db_session, lineage_id=lineage.id)
+    history = queries.lineage_story(db_session, lineage_id=lineage.id)
     assert [a.job.slurm_job_id for a in history.attempts] == [100, 101]
     assert [i.id for i in history.attempts[0].incidents] == [first.id]
     assert [p.id for p in history.attempts[0].proposals] == [proposal.id]
@@ -488,10 +491,10 @@ def test_lineage_history_has_every_attempt(db_session: Session) -> None:
 
 def test_job_story_gathers_everything(db_session: Session) -> None:
     proposal = approved_proposal(db_session, job_id=300)
-    drain = repo.record_action(
+    drain = action_rows.record_action(
         db_session, kind=ActionKind.DRAIN, argv=["scontrol", "update"], actor=DAEMON, node="gpu-02"
     )
-    repo.record_node_event(
+    control.record_node_event(
         db_session,
         node="gpu-02",
         kind=NodeEventKind.DRAIN,
@@ -500,24 +503,24 @@ def test_job_story_gathers_everything(db_session: Session) -> None:
         incident_id=proposal.incident_id,
         action_id=drain.id,
     )
-    intent = repo.record_submit_intent(
+    intent = action_rows.record_submit_intent(
         db_session, proposal_id=proposal.id, build_argv=sbatch_argv, actor=DAEMON
     )
-    repo.record_submitted(db_session, intent=intent, slurm_job_id=301, actor=DAEMON)
+    action_rows.record_submitted(db_session, intent=intent, slurm_job_id=301, actor=DAEMON)
 
-    story = repo.job_story(db_session, slurm_job_id=300)
+    story = queries.job_story(db_session, slurm_job_id=300)
     assert story is not None
     assert story.job.slurm_job_id == 300
     assert [p.id for p in story.proposals] == [proposal.id]
     assert [a.kind for a in story.actions] == ["sbatch"]
     assert [e.reason for e in story.node_events] == ["medic: XID 79"]
     assert "submit_intent" in [e.verb for e in story.audit]
-    assert repo.job_story(db_session, slurm_job_id=123456) is None
+    assert queries.job_story(db_session, slurm_job_id=123456) is None
 
 
 def test_drains_in_force_are_medics_and_not_undone(db_session: Session) -> None:
     def event(node: str, kind: NodeEventKind, by_medic: bool) -> None:
-        repo.record_node_event(
+        control.record_node_event(
             db_session, node=node, kind=kind, by_medic=by_medic, reason=f"medic: {node}"
         )
 
@@ -527,7 +530,7 @@ def test_drains_in_force_are_medics_and_not_undone(db_session: Session) -> None:
     event("gpu-03", NodeEventKind.DRAIN, False)
     event("gpu-04", NodeEventKind.RESUME, False)
     event("gpu-04", NodeEventKind.DRAIN, True)
-    assert [e.node for e in repo.drains_in_force(db_session)] == ["gpu-01", "gpu-04"]
+    assert [e.node for e in control.drains_in_force(db_session)] == ["gpu-01", "gpu-04"]
 
 
 def test_pending_approvals_are_the_undecided_oldest_first(db_session: Session) -> None:
@@ -535,7 +538,7 @@ def test_pending_approvals_are_the_undecided_oldest_first(db_session: Session) -
     b = seed_proposal(db_session, incident_id=seed_incident(db_session, job_id=2).id)
     c = seed_proposal(db_session, incident_id=seed_incident(db_session, job_id=3).id)
     repo.transition_proposal(db_session, proposal_id=b.id, to=ProposalState.APPROVED, actor=ALICE)
-    assert [p.id for p in repo.pending_approvals(db_session)] == [a.id, c.id]
+    assert [p.id for p in queries.pending_approvals(db_session)] == [a.id, c.id]
 
 
 def test_incidents_by_kind_over_a_time_range(db_session: Session) -> None:
@@ -543,18 +546,18 @@ def test_incidents_by_kind_over_a_time_range(db_session: Session) -> None:
         [FailureKind.TRUE_OOM, FailureKind.HARDWARE, FailureKind.TRUE_OOM, FailureKind.TRUE_OOM]
     ):
         seed_incident(db_session, job_id=10 + day, kind=kind, at=T0 + timedelta(days=day))
-    found = repo.incidents_by_kind(
+    found = queries.incidents_by_kind(
         db_session, kind=FailureKind.TRUE_OOM, since=T0, until=T0 + timedelta(days=3)
     )
     assert [i.slurm_job_id for i in found] == [12, 10]
-    counts = repo.count_incidents_by_kind(db_session, since=T0, until=T0 + timedelta(days=4))
+    counts = queries.count_incidents_by_kind(db_session, since=T0, until=T0 + timedelta(days=4))
     assert counts == {FailureKind.TRUE_OOM: 3, FailureKind.HARDWARE: 1}
 
 
 def test_audit_trail_of_one_proposal_only(db_session: Session) -> None:
     mine = approved_proposal(db_session, job_id=1)
     approved_proposal(db_session, job_id=2)
-    trail = repo.proposal_audit_trail(db_session, proposal_id=mine.id)
+    trail = queries.proposal_audit_trail(db_session, proposal_id=mine.id)
     assert [(e.verb, e.actor_name, e.actor_uid) for e in trail] == [
         ("propose", "slurm-medic", None),
         ("proposal_approved", "alice", 1001),
@@ -577,7 +580,7 @@ def test_find_incidents_by_user_and_node(db_session: Session) -> None:
     end = T0 + timedelta(days=1)
 
     def found(user: str | None = None, node: str | None = None, limit: int = 10) -> list[int]:
-        incidents = repo.find_incidents(
+        incidents = queries.find_incidents(
             db_session, since=T0, until=end, user=user, node=node, limit=limit
         )
         return [incident.slurm_job_id for incident in incidents]
@@ -590,11 +593,11 @@ def test_find_incidents_by_user_and_node(db_session: Session) -> None:
 
 def test_side_effects_are_recorded_then_finished_once(db_session: Session) -> None:
     argv = ["scontrol", "update", "NodeName=gpu-02", "State=DRAIN", "Reason=medic: XID 79"]
-    action = repo.record_action(
+    action = action_rows.record_action(
         db_session, kind=ActionKind.DRAIN, argv=argv, actor=DAEMON, node="gpu-02"
     )
     assert action.result == ActionResult.PENDING
-    repo.finish_action(
+    action_rows.finish_action(
         db_session, action_id=action.id, exit_code=0, stdout="", stderr="", succeeded=True
     )
     db_session.expire_all()
@@ -602,15 +605,15 @@ def test_side_effects_are_recorded_then_finished_once(db_session: Session) -> No
     assert stored is not None
     assert (stored.result, stored.argv, stored.exit_code) == ("succeeded", argv, 0)
     assert stored.finished_at is not None
-    with pytest.raises(repo.IntentError, match="already finished"):
-        repo.finish_action(
+    with pytest.raises(action_rows.IntentError, match="already finished"):
+        action_rows.finish_action(
             db_session, action_id=action.id, exit_code=1, stdout="", stderr="", succeeded=False
         )
 
 
 def test_a_relaunch_cannot_bypass_the_intent(db_session: Session) -> None:
-    with pytest.raises(repo.IntentError, match="record_submit_intent"):
-        repo.record_action(db_session, kind=ActionKind.SBATCH, argv=["sbatch"], actor=DAEMON)
+    with pytest.raises(action_rows.IntentError, match="record_submit_intent"):
+        action_rows.record_action(db_session, kind=ActionKind.SBATCH, argv=["sbatch"], actor=DAEMON)
 
 
 def test_lineage_status_change_is_audited(db_session: Session) -> None:
@@ -672,7 +675,7 @@ def test_two_daemons_racing_for_one_relaunch_record_one_intent(empty_db_engine: 
             barrier.wait()
             try:
                 outcomes.append(
-                    repo.record_submit_intent(
+                    action_rows.record_submit_intent(
                         session, proposal_id=proposal_id, build_argv=sbatch_argv, actor=DAEMON
                     )
                 )
@@ -685,8 +688,8 @@ def test_two_daemons_racing_for_one_relaunch_record_one_intent(empty_db_engine: 
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    intents = [o for o in outcomes if isinstance(o, repo.SubmitIntent)]
+    intents = [o for o in outcomes if isinstance(o, action_rows.SubmitIntent)]
     assert len(outcomes) == 2
     assert len(intents) == 1
     with sessions() as reader:
-        assert repo.pending_intents(reader) == intents
+        assert action_rows.pending_intents(reader) == intents

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from daemon.pipeline import DAEMON, handle_ended_job
 from daemon.slurm.errors import SubmissionError
 from daemon.slurm.records import QueuedJob
+from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.models import Action, AuditEvent, Lineage, LineageStatus
@@ -41,7 +42,7 @@ class QueueSlurm(FakeSlurm):
         return self.queue
 
 
-def first_submission(session: Session, slurm: FakeSlurm) -> tuple[int, repo.SubmitIntent]:
+def first_submission(session: Session, slurm: FakeSlurm) -> tuple[int, action_rows.SubmitIntent]:
     started = submit_new_lineage(
         session,
         slurm,
@@ -108,19 +109,19 @@ def test_a_refused_first_submission_closes_its_intent_with_sbatchs_words(
         "Invalid account",
         None,
     )
-    assert repo.pending_intents(db_session) == []
+    assert action_rows.pending_intents(db_session) == []
     assert records.lineage_job_ids(db_session, active_only=False) == {}
     assert audit_verbs(db_session, "action", action.id) == ["submit_intent", "submit_failed"]
 
 
 def test_a_lost_first_answer_is_found_once_settled_and_only_then(db_session: Session) -> None:
     lineage_id, intent = first_submission(db_session, FakeSlurm(submit_error=LOST))
-    assert repo.pending_intents(db_session) == [intent]
+    assert action_rows.pending_intents(db_session) == [intent]
     slurm = QueueSlurm((QueuedJob(8101, "alice", intent.token),))
     young = intent.recorded_at + timedelta(seconds=5)
     # The CLI may still be between sbatch and its own record: not looked for yet.
     assert reconcile(db_session, slurm, now=young, settle=SETTLE, actor=DAEMON) == []
-    assert repo.pending_intents(db_session) == [intent]
+    assert action_rows.pending_intents(db_session) == [intent]
     settled = intent.recorded_at + 2 * SETTLE
     (closed,) = reconcile(db_session, slurm, now=settled, settle=SETTLE, actor=DAEMON)
     assert (closed.action_id, closed.lineage_id, closed.proposal_id, closed.job_id) == (
@@ -170,7 +171,7 @@ def test_one_reconciliation_closes_relaunches_and_first_submissions_alike(
         revision.id,
         handled.proposal_id,
     )
-    assert repo.pending_intents(db_session) == [first]
+    assert action_rows.pending_intents(db_session) == [first]
 
     settled = first.recorded_at + 2 * SETTLE
     (gone,) = reconcile(db_session, slurm, now=settled, settle=SETTLE, actor=DAEMON)

@@ -12,18 +12,16 @@ from hypothesis import strategies as st
 
 from daemon.diagnosis import FailureKind
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, Refusal, plan
-from daemon.templates import (
-    MAX_CONCAT_OPERANDS,
+from daemon.templates.model import TemplateError
+from daemon.templates.reading import (
     MAX_CONFIG_BASE_DEPTH,
-    MAX_JINJA_TAGS,
-    MAX_RENDERED_CHARS,
     MAX_VAR_CHARS,
     MAX_VAR_ITEMS,
-    TemplateError,
     load_template,
     parse_template,
-    render,
 )
+from daemon.templates.rendering import render
+from daemon.templates.sandbox import MAX_CONCAT_OPERANDS, MAX_JINJA_TAGS, MAX_RENDERED_CHARS
 from tests.test_planner import diagnosis
 from tests.test_templates import SCRIPT, _document
 

@@ -12,19 +12,16 @@ import pytest
 from daemon import process
 from daemon.dialects import DIALECTS, get_dialect
 from daemon.dialects.base import KnobError
-from daemon.templates import (
+from daemon.templates.model import LaunchTemplate, TemplateError, parse_knob_text
+from daemon.templates.reading import load_template, parse_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import (
     KnobChange,
-    LaunchTemplate,
     Patch,
     RevisionDir,
-    TemplateError,
     apply_patch,
     diff_revisions,
     initial_revision,
-    load_template,
-    parse_knob_text,
-    parse_template,
-    render,
     revision_from_json,
     revision_to_json,
 )

@@ -186,3 +186,75 @@ def test_a_template_named_relative_to_the_current_directory_is_read(
     rendered = CliRunner().invoke(main, ["template", "render", "hf"])
     assert rendered.exit_code == 0, rendered.output
     assert "--per_device_train_batch_size 4" in rendered.output
+
+
+def _hostile_template(tmp_path: Path) -> Path:
+    """The HF example named with a terminal title sequence, its output directory holding one
+    that would clear the screen and a right-to-left override."""
+    directory = tmp_path / "hf"
+    shutil.copytree(EXAMPLES / "hf-trainer", directory)
+    toml = directory / "template.toml"
+    text = toml.read_text().replace(
+        'name = "hf-trainer-example"', 'name = "hf\\u001b]0;pwned\\u0007"'
+    )
+    text = text.replace(
+        'output_dir = "/tmp/slurm-medic-examples/hf"', 'output_dir = "/tmp/hf\\u001b[2J\\u202e"'
+    )
+    toml.write_text(text)
+    return directory
+
+
+def test_show_set_and_diff_print_the_templates_own_text_escaped_and_render_keeps_it(
+    tmp_path: Path,
+) -> None:
+    directory = _hostile_template(tmp_path)
+    shown = CliRunner().invoke(main, ["template", "show", str(directory)])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.startswith("hf\\x1b]0;pwned\\x07  (Hugging Face")
+    as_json = CliRunner().invoke(main, ["template", "show", str(directory), "--json"])
+    assert json.loads(as_json.output)["name"] == "hf\x1b]0;pwned\x07"
+    for output in (shown.output, as_json.output):
+        assert "\x1b" not in output
+        assert "\x07" not in output
+
+    changed = CliRunner().invoke(
+        main,
+        ["template", "set", str(directory), "per_device_train_batch_size=2", "--reason", "r"],
+    )
+    assert changed.exit_code == 0, changed.output
+    [first, second] = [
+        revision["id"]
+        for revision in json.loads(invoke("template", "show", str(directory), "--json")[1])[
+            "revisions"
+        ]
+    ]
+    diff = CliRunner().invoke(main, ["template", "diff", str(directory), first, second])
+    assert diff.exit_code == 0, diff.output
+    assert diff.output.startswith(f"--- hf\\x1b]0;pwned\\x07@{first}\n")
+    for output in (changed.output, diff.output):
+        assert "\x1b" not in output
+        assert "\u202e" not in output
+        assert "--output_dir '/tmp/hf\\x1b[2J\\u202e' \\\n" in output  # a context line
+
+    rendered = CliRunner().invoke(main, ["template", "render", str(directory)])
+    assert rendered.exit_code == 0
+    assert "--output_dir '/tmp/hf\x1b[2J\u202e' \\\n" in rendered.output  # the script itself
+
+
+def test_a_template_error_quoting_its_own_text_is_one_escaped_line(tmp_path: Path) -> None:
+    directory = _hostile_template(tmp_path)
+    toml = directory / "template.toml"
+    toml.write_text(
+        toml.read_text().replace("dataloader_num_workers = 4", "dataloader_num_workers = -1")
+    )
+    broken = CliRunner().invoke(main, ["template", "show", str(directory)])
+    assert broken.exit_code == 1
+    assert broken.stderr.startswith("Error: template hf\\x1b]0;pwned\\x07: ")
+    assert "\x1b" not in broken.stderr
+    missing = CliRunner().invoke(
+        main, ["template", "analyse", str(tmp_path / "gone\x1b[2J.sbatch")]
+    )
+    assert missing.exit_code == 3
+    assert missing.stderr.startswith("slurm-medic template analyse: ")
+    assert "gone\\x1b[2J.sbatch" in missing.stderr
+    assert "\x1b" not in missing.stderr

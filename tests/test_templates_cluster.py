@@ -15,14 +15,9 @@ from daemon import process
 from daemon.checkpoints import find_last_good
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.planner import LineageHistory, PlannerPolicy, Proposal, plan
-from daemon.templates import (
-    LaunchTemplate,
-    apply_patch,
-    initial_revision,
-    load_template,
-    resume_patch,
-    validate_knobs,
-)
+from daemon.templates.model import LaunchTemplate, validate_knobs
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import apply_patch, initial_revision, resume_patch
 from tests.devcluster import user_dir, wait_for_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]

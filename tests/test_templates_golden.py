@@ -15,7 +15,8 @@ import pytest
 from daemon import process
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.evidence.records import OomFamily, OomReport, Phase
-from daemon.templates import Patch, apply_patch, initial_revision, load_template
+from daemon.templates.reading import load_template
+from daemon.templates.revisions import Patch, apply_patch, initial_revision
 from remediators.registry import REMEDIATORS
 
 ROOT = Path(__file__).resolve().parent

@@ -21,16 +21,10 @@ from daemon.imported import COPY_DELIMITER, IMPORTED_SCRIPT, Writing, config_cop
 from daemon.imported_render import COPY_ROOT, write_value
 from daemon.importer import Analysis, Form, Knob, Site, Status, analyse
 from daemon.importer.readings import INT_KNOBS
-from daemon.templates import (
-    KnobChange,
-    LaunchTemplate,
-    Patch,
-    TemplateError,
-    apply_patch,
-    initial_revision,
-    parse_template,
-    render,
-)
+from daemon.templates.model import LaunchTemplate, TemplateError
+from daemon.templates.reading import parse_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import KnobChange, Patch, apply_patch, initial_revision
 from remediators.allocator import ExpandableSegments, GarbageCollectionThreshold
 from remediators.micro_batch import MicroBatchDown
 from remediators.workers import WorkersDown

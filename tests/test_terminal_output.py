@@ -19,6 +19,7 @@ from daemon.commands.terminal import printable, printable_document, printable_js
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport
 from daemon.slurm.records import SlurmJob
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import NodeEventKind
@@ -132,7 +133,7 @@ def hostile_config(tmp_path: Path) -> Path:
             changes_science=False,
             actor=repo.Actor.daemon(),
         )
-        repo.record_node_event(
+        control.record_node_event(
             session,
             node="gpu-01",
             kind=NodeEventKind.DRAIN,

@@ -12,37 +12,32 @@ for a person, with every string from outside passed through `terminal.printable`
 A command's failures read as they always have: the people's and `db` commands in click's
 `Error: ...`, the daemon and `submit` as `slurm-medic run: ...` (`prefix`); a config that
 cannot be used exits 1 for the former (deploy/README.md) and 2 for the latter.
+
+The settings (pydantic) and the record (SQLAlchemy, Alembic) are imported when a command
+asks for them, not with this module: `diagnose --log` and `template` fail and print through
+it without paying for either (see daemon/cli.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
-from alembic.script.revision import RevisionError
-from alembic.util import CommandError
 from rich.console import Console
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from daemon.commands.terminal import printable, printable_document, printable_json
-from daemon.config import ConfigError, DatabaseUrlError, PrivilegeError, Settings, load_settings
 from daemon.slurm.backend import SlurmCli
-from daemon.store import schema
-from daemon.store.engine import (
-    Access,
-    NoRecord,
-    RecordUnavailable,
-    StoreConfigError,
-    describe_failure,
-    make_engine,
-    make_session_factory,
-)
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.orm import Session
+
+    from daemon.config import Settings
+    from daemon.store.engine import Access
 
 CLICK_PREFIX = "Error"  # what click.ClickException prints before its message
 EXIT_CONFIG = 1  # the people's and db commands: a config that cannot be read
@@ -95,12 +90,25 @@ class Output:
         if self.as_json:
             click.echo(printable_json(document))
             return
-        render(Console(highlight=False, soft_wrap=True), printable_document(document))
+        # No emoji codes either: a `:fire:` in a log line is shown as written.
+        console = Console(highlight=False, soft_wrap=True, emoji=False)
+        render(console, printable_document(document))
 
 
 def say(line: Callable[[Any], str]) -> Render:
     """A rendering that is one line of plain text (never rich markup) made from the document."""
     return lambda console, shown: console.print(line(shown), markup=False)
+
+
+def echo_lines(lines: Callable[[Any], Iterable[str]]) -> Render:
+    """A rendering in plain lines, each through `printable`, echoed as they are: rich would
+    expand the tabs of a quoted script line. `lines` may also read what it closes over."""
+
+    def render(_console: Console, shown: Any) -> None:
+        for line in lines(shown):
+            click.echo(printable(line))
+
+    return render
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,13 @@ class CommandContext:
         config_exit: int = EXIT_CONFIG,
     ) -> CommandContext:
         """The context of a command given `--config`, `--database` and setting flags."""
+        from daemon.config import (  # noqa: PLC0415  (pydantic: only for commands with settings)
+            ConfigError,
+            DatabaseUrlError,
+            PrivilegeError,
+            load_settings,
+        )
+
         try:
             settings = load_settings(config_path, database=database_url, overrides=overrides)
         except PrivilegeError as error:
@@ -147,6 +162,20 @@ class CommandContext:
     def engine(self, *, access: Access) -> Iterator[Engine]:
         """An engine on the record, disposed of afterwards; a failure of the database, its
         driver or a migration inside the block ends the command with one line (exit 4)."""
+        # The record's layers, only for the commands that open it.
+        from alembic.script.revision import RevisionError  # noqa: PLC0415
+        from alembic.util import CommandError  # noqa: PLC0415
+        from sqlalchemy.exc import DBAPIError  # noqa: PLC0415
+
+        from daemon.store import schema  # noqa: PLC0415
+        from daemon.store.engine import (  # noqa: PLC0415
+            NoRecord,
+            RecordUnavailable,
+            StoreConfigError,
+            describe_failure,
+            make_engine,
+        )
+
         try:
             engine = make_engine(self.settings.store, access=access)
         except StoreConfigError as error:
@@ -174,6 +203,9 @@ class CommandContext:
         never create a record, answer while a daemon step holds SQLite's write lock, and
         cannot write by mistake. No command creates a missing record; `db upgrade` does.
         """
+        from daemon.store import schema  # noqa: PLC0415  (as in `engine`)
+        from daemon.store.engine import Access, make_session_factory  # noqa: PLC0415
+
         access = Access.READ if read_only else Access.WRITE
         with self.engine(access=access) as engine:
             schema.check_schema_current(engine)

@@ -1,23 +1,33 @@
 """`slurm-medic diagnose`: what killed this job, from its log files or from the local cluster.
 
+With JOBID the Slurm calls take the settings' `slurm_timeout_s`: `--config`'s, else the system
+config's (if there is one), else the default; under sudo only the system config counts
+(`context.CommandContext`). A log is read without settings.
+
 Exit codes:
   0  a verdict was printed (whatever its kind, `unknown` included)
-  2  usage error (no log and no job id, both, a bad step pattern)
+  2  usage error (no log and no job id, both, a bad step pattern, --config without JOBID, a
+     config that cannot be used or may not be chosen here)
   3  a log could not be read (missing, a FIFO, a symlink without --follow-symlinks, no rights)
   4  the Slurm layer could not answer for the job id
 """
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from daemon.commands.terminal import printable
+from daemon.commands.context import (
+    CommandContext,
+    CommandFailed,
+    Output,
+    config_option,
+    json_option,
+)
 from daemon.diagnosis import Diagnosis, FailureKind, History
 from daemon.evidence.findings import confine_to_allocation, merge_findings
 from daemon.evidence.joblog import LogReadError, scan_log
@@ -28,6 +38,8 @@ from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
 from remediators.allocator import alloc_option
 
+PREFIX = "slurm-medic diagnose"
+EXIT_USAGE = 2
 EXIT_UNREADABLE = 3
 EXIT_SLURM = 4
 
@@ -64,7 +76,7 @@ _NEXT_MOVES = {
     type=click.Path(dir_okay=True, path_type=str),
     help="A job log to read (repeat for several; e.g. one per rank).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.option("--step-pattern", help="Regex whose first group is the training step.")
 @click.option("--follow-symlinks", is_flag=True, help="Read a log given through a symlink.")
 @click.option(
@@ -74,18 +86,23 @@ _NEXT_MOVES = {
     " expandable_segments:True: with expandable segments already on, stranded bytes are not"
     " read as fragmentation.",
 )
+@config_option
 def diagnose_command(
     *,
     job_id: str | None,
+    config_path: str | None,
     logs: tuple[str, ...],
     as_json: bool,
     step_pattern: str | None,
     follow_symlinks: bool,
     alloc_conf: str | None,
 ) -> None:
-    """Diagnose a dead job: from --log FILE(s) offline, or from JOBID on the local cluster."""
+    """Diagnose a dead job: from --log FILE(s) offline, or from JOBID on the local cluster
+    (whose Slurm calls take the config's slurm_timeout_s)."""
     if bool(job_id) == bool(logs):
         raise click.UsageError("give either JOBID or at least one --log FILE")
+    if config_path is not None and not job_id:
+        raise click.UsageError("--config is read only with JOBID (a log needs no settings)")
     if step_pattern is not None:
         try:
             if re.compile(step_pattern).groups < 1:
@@ -94,10 +111,13 @@ def diagnose_command(
             raise click.UsageError(f"--step-pattern is not a regex: {error}") from error
     job: SlurmJob | None = None
     if job_id:
-        job = _job(job_id)
+        context = CommandContext.load(config_path, prefix=PREFIX, config_exit=EXIT_USAGE)
+        job = _job(context, job_id)
         paths = [path for path in (job.stdout_path, job.stderr_path) if path]
         if not paths:
-            _fail(f"job {job.display_id} has no known output file", EXIT_SLURM)
+            raise context.fail(
+                f"job {job.display_id} has no known output file", exit_code=EXIT_SLURM
+            )
         logs = tuple(dict.fromkeys(paths))
     findings = merge_findings([_scan(path, step_pattern, follow_symlinks) for path in logs])
     if job is not None:
@@ -108,31 +128,22 @@ def diagnose_command(
         expandable_segments=None if alloc_conf is None else expandable_segments_on(alloc_conf),
     )
     verdict = with_suspicious_text(diagnose(evidence, History()), findings)
-    if as_json:
-        click.echo(json.dumps(diagnosis_json(verdict), indent=2))
-    else:
-        _print_human(verdict)
+    Output(as_json).emit(diagnosis_json(verdict), _print_human)
 
 
-def _job(job_id: str) -> SlurmJob:
-    from daemon.slurm.backend import SlurmCli  # noqa: PLC0415  (only the JOBID path needs Slurm)
-
+def _job(context: CommandContext, job_id: str) -> SlurmJob:
     try:
-        return SlurmCli().job(job_id)
+        return context.slurm().job(job_id)
     except (SlurmError, ValueError) as error:
-        _fail(f"cannot get job {job_id} from Slurm: {error}", EXIT_SLURM)
+        message = f"cannot get job {job_id} from Slurm: {error}"
+        raise context.fail(message, exit_code=EXIT_SLURM) from error
 
 
 def _scan(path: str, step_pattern: str | None, follow_symlinks: bool) -> LogFindings:
     try:
         return scan_log(path, step_pattern=step_pattern, follow_symlinks=follow_symlinks)
     except LogReadError as error:
-        _fail(str(error), EXIT_UNREADABLE)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"slurm-medic diagnose: {message}", err=True)
-    raise SystemExit(code)
+        raise CommandFailed(str(error), exit_code=EXIT_UNREADABLE, prefix=PREFIX) from error
 
 
 def expandable_segments_on(alloc_conf: str) -> bool:
@@ -178,48 +189,45 @@ def diagnosis_json(verdict: Diagnosis) -> dict[str, Any]:
     }
 
 
-def _print_human(verdict: Diagnosis) -> None:
-    console = Console(highlight=False, soft_wrap=True)
-    headline = verdict.kind.value
-    if verdict.onset:
-        headline += f" ({verdict.onset.value}"
-        headline += f", {verdict.mid_run_cause.value})" if verdict.mid_run_cause else ")"
-    console.print(f"[bold]{escape(headline)}[/bold]  confidence {verdict.confidence.value}")
+def _print_human(console: Console, shown: dict[str, Any]) -> None:
+    """The verdict for a person, from the `--json` document with its strings (the node, the
+    root-cause line, the reasons: the log's text) already escaped; rich markup in them is
+    printed literally."""
+    headline = shown["kind"]
+    if shown["onset"]:
+        headline += f" ({shown['onset']}"
+        headline += f", {shown['mid_run_cause']})" if shown["mid_run_cause"] else ")"
+    console.print(f"[bold]{escape(headline)}[/bold]  confidence {shown['confidence']}")
     where = [
-        f"{label} {value}"
-        for label, value in (
-            ("rank", verdict.rank),
-            ("node", verdict.node),
-            ("step", verdict.step),
-            ("phase", verdict.phase.value),
-        )
-        if value is not None
+        f"{label} {shown[label]}"
+        for label in ("rank", "node", "step", "phase")
+        if shown[label] is not None
     ]
-    console.print(escape(printable(", ".join(where))))  # the node comes from the log
-    if verdict.root_cause is not None:
-        cause = f"root cause {verdict.root_cause.value}"
-        if verdict.root_cause_line:
-            cause += f": {' '.join(verdict.root_cause_line.split())[:200]}"
-        console.print(escape(printable(cause)))  # the line is the log's text
+    console.print(escape(", ".join(where)))
+    if shown["root_cause"] is not None:
+        cause = f"root cause {shown['root_cause']}"
+        if shown["root_cause_line"]:
+            cause += f": {' '.join(shown['root_cause_line'].split())[:200]}"
+        console.print(escape(cause))
     console.print("\n[bold]Why[/bold]")
-    for reason in verdict.reasons:
-        console.print(f"  - {escape(printable(reason))}")  # reasons quote the log
-    if verdict.oom is not None:
+    for reason in shown["reasons"]:
+        console.print(f"  - {escape(reason)}")
+    oom = shown["oom"]
+    if oom is not None:
         console.print("\n[bold]Numbers[/bold]")
-        oom = verdict.oom
-        for label, value in (
-            ("requested", oom.requested_bytes),
-            ("total", oom.total_bytes),
-            ("free", oom.free_bytes),
-            ("allocated", oom.allocated_bytes),
-            ("reserved but unallocated", oom.reserved_unallocated_bytes),
-            ("this process in use", oom.process_in_use_bytes),
-            ("allowed", oom.allowed_bytes),
-            ("other allocations", oom.other_allocations_bytes),
+        for label, key in (
+            ("requested", "requested_bytes"),
+            ("total", "total_bytes"),
+            ("free", "free_bytes"),
+            ("allocated", "allocated_bytes"),
+            ("reserved but unallocated", "reserved_unallocated_bytes"),
+            ("this process in use", "process_in_use_bytes"),
+            ("allowed", "allowed_bytes"),
+            ("other allocations", "other_allocations_bytes"),
         ):
-            if value is not None:
-                console.print(f"  {label}: {format_size(value)} ({value} bytes)")
-        for process in oom.other_processes:
-            console.print(f"  process {process.pid}: {format_size(process.bytes)}")
+            if oom[key] is not None:
+                console.print(f"  {label}: {format_size(oom[key])} ({oom[key]} bytes)")
+        for process in oom["other_processes"]:
+            console.print(f"  process {process['pid']}: {format_size(process['bytes'])}")
     console.print("\n[bold]What to do[/bold]")
-    console.print(f"  {escape(_NEXT_MOVES[verdict.kind])}")
+    console.print(f"  {escape(_NEXT_MOVES[FailureKind(shown['kind'])])}")

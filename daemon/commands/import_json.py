@@ -33,7 +33,8 @@ from daemon.importer import (
     Site,
     Status,
 )
-from daemon.templates import LaunchTemplate, invariant_known, knobs_to_json
+from daemon.templates.model import LaunchTemplate, invariant_known
+from daemon.templates.revisions import knobs_to_json
 
 READY: Final = (
     "ready to manage: the global batch, micro-batch, accumulation and checkpoint are known"

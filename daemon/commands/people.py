@@ -29,6 +29,7 @@ from daemon.commands.record_views import drain_document, print_drains
 from daemon.config import Settings, sudo_caller
 from daemon.effects import perform
 from daemon.slurm.scontrol import resume_argv, validate_node_name
+from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store.models import ActionKind, Incident, NodeEventKind, Proposal
 from daemon.store.states import IllegalTransition, ProposalState
@@ -218,7 +219,7 @@ def _set_pause(
     person = invoking_person()
     _require_admin(person, context.settings, "pause or resume slurm-medic")
     with context.session() as session:
-        repo.set_paused(session, paused=paused, actor=person.actor, reason=why)
+        control.set_paused(session, paused=paused, actor=person.actor, reason=why)
         session.commit()
     document = {"paused": paused, "by": person.name, "reason": why}
     word = "paused: proposals are recorded, nothing is acted on" if paused else "resumed"
@@ -256,7 +257,7 @@ def nodes_group(
         return
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        drains = [drain_document(event) for event in repo.drains_in_force(session)]
+        drains = [drain_document(event) for event in control.drains_in_force(session)]
     context.emit({"drains": drains}, lambda console, shown: print_drains(console, shown["drains"]))
 
 
@@ -276,7 +277,7 @@ def nodes_resume_command(
     person = invoking_person()
     _require_admin(person, context.settings, "resume a node")
     with context.session() as session:
-        if node not in {event.node for event in repo.drains_in_force(session)}:
+        if node not in {event.node for event in control.drains_in_force(session)}:
             raise NotAllowed(f"the record holds no slurm-medic drain of {node} in force")
         argv = resume_argv(node)
         slurm = context.slurm()
@@ -291,7 +292,7 @@ def nodes_resume_command(
         if done.error is not None:
             raise click.ClickException(f"{node} not resumed: {done.error}") from done.error
         action = done.action
-        repo.record_node_event(
+        control.record_node_event(
             session,
             node=node,
             kind=NodeEventKind.RESUME,

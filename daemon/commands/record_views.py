@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from daemon.commands import story
 from daemon.commands.context import CommandContext, record_options
 from daemon.diagnosis import FailureKind
+from daemon.store import control, queries
 from daemon.store import repository as repo
 from daemon.store.models import Incident, NodeEvent, Proposal
 
@@ -37,7 +38,7 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        flag = repo.pause_flag(session)
+        flag = control.pause_flag(session)
         document = {
             "paused": bool(flag and flag.value),
             "pause": None
@@ -51,7 +52,7 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
             "dry_run": context.settings.policy.dry_run,
             "polls": [
                 {"watcher": cursor.name, "polled_until": story.when(cursor.polled_until)}
-                for cursor in repo.cursors(session)
+                for cursor in control.cursors(session)
             ],
             "active_lineages": [
                 {
@@ -61,12 +62,13 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
                     "attempts": lineage.attempts,
                     "updated_at": story.when(lineage.updated_at),
                 }
-                for lineage in repo.active_lineages(session)
+                for lineage in queries.active_lineages(session)
             ],
             "pending_approvals": [
-                _pending_document(session, proposal) for proposal in repo.pending_approvals(session)
+                _pending_document(session, proposal)
+                for proposal in queries.pending_approvals(session)
             ],
-            "drains": [drain_document(event) for event in repo.drains_in_force(session)],
+            "drains": [drain_document(event) for event in control.drains_in_force(session)],
         }
     context.emit(document, _print_status)
 
@@ -188,7 +190,7 @@ def history_command(
     since = parse_since(since_text, now)
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        incidents = repo.find_incidents(
+        incidents = queries.find_incidents(
             session,
             since=since,
             until=now + timedelta(seconds=1),
@@ -197,7 +199,7 @@ def history_command(
             limit=limit,
         )
         proposals: dict[int, list[Proposal]] = {}
-        for proposal in repo.proposals_for_incidents(
+        for proposal in queries.proposals_for_incidents(
             session, incident_ids=[incident.id for incident in incidents]
         ):
             proposals.setdefault(proposal.incident_id, []).append(proposal)

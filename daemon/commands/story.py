@@ -23,11 +23,12 @@ from sqlalchemy.orm import Session
 from daemon.commands.terminal import printable, printable_document
 from daemon.evidence.records import OomReport
 from daemon.planner import AttemptRecord
+from daemon.store import queries
 from daemon.store import repository as repo
 from daemon.store.codec import CodecError
 from daemon.store.models import Incident, Job, Lineage, Proposal, TemplateRevision
 from daemon.store.states import ProposalState
-from daemon.templates import knobs_to_json
+from daemon.templates.revisions import knobs_to_json
 
 Document = dict[str, Any]
 
@@ -59,7 +60,7 @@ def gib(value: int | None) -> str:
 
 def lineage_document(session: Session, *, lineage_id: int) -> Document:
     """A lineage across its attempts: each job, its incidents, proposals, diffs and outcome."""
-    history = repo.lineage_story(session, lineage_id=lineage_id)
+    history = queries.lineage_story(session, lineage_id=lineage_id)
     revisions = {revision.id: revision for revision in history.revisions}
     attempts = [
         _attempt_document(session, attempt.job, attempt.incidents, attempt.proposals, revisions)
@@ -70,7 +71,7 @@ def lineage_document(session: Session, *, lineage_id: int) -> Document:
 
 def job_document(session: Session, *, slurm_job_id: int) -> Document | None:
     """The story of one Slurm job; the whole lineage's when the job belongs to one."""
-    story = repo.job_story(session, slurm_job_id=slurm_job_id)
+    story = queries.job_story(session, slurm_job_id=slurm_job_id)
     if story is None:
         return None
     if story.job.lineage_id is not None:
@@ -102,7 +103,7 @@ def _attempt_document(
     revisions: dict[int, TemplateRevision],
 ) -> Document:
     proposal_docs = [_proposal_document(session, proposal, revisions) for proposal in proposals]
-    story = repo.job_story(session, slurm_job_id=job.slurm_job_id)
+    story = queries.job_story(session, slurm_job_id=job.slurm_job_id)
     return {
         "attempt": job.attempt,
         "job": job_summary(job),
@@ -125,7 +126,7 @@ def _attempt_document(
     }
 
 
-def _job_events(story: repo.JobStory) -> list[Document]:
+def _job_events(story: queries.JobStory) -> list[Document]:
     """What the daemon noted about the job itself (submitted for a lineage, handled how)."""
     return [
         {
@@ -209,7 +210,7 @@ def _proposal_document(
             "verb": event.verb,
             "reason": str(event.details.get("reason", "")),
         }
-        for event in repo.proposal_audit_trail(session, proposal_id=proposal.id)
+        for event in queries.proposal_audit_trail(session, proposal_id=proposal.id)
     ]
     revision = next((r for r in revisions.values() if r.proposal_id == proposal.id), None)
     document: Document = {

@@ -47,12 +47,9 @@ def submit_command(
     from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
     from daemon.submission import Sbatch, submit_new_lineage  # noqa: PLC0415
-    from daemon.templates import (  # noqa: PLC0415
-        TemplateError,
-        initial_revision,
-        knobs_to_json,
-        load_template,
-    )
+    from daemon.templates.model import TemplateError  # noqa: PLC0415
+    from daemon.templates.reading import load_template  # noqa: PLC0415
+    from daemon.templates.revisions import initial_revision, knobs_to_json  # noqa: PLC0415
 
     context = CommandContext.load(
         config_path, as_json=as_json, prefix="slurm-medic submit", config_exit=EXIT_CONFIG

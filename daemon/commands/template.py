@@ -4,6 +4,10 @@ A template lives in a directory (`template.toml` + the Jinja2 script, or, when i
 user's own script verbatim); its revisions are JSON files under `revisions/` in that directory
 (see daemon.templates.RevisionDir). The directory is read as the caller, through the same walk
 and caps as the daemon's reads as an owner.
+
+A template's text (its name, values, script) is the user's: what the commands print for a
+terminal, failures included, goes through `terminal.printable` (`context.Output`,
+`context.CommandFailed`). `render` alone prints the script byte for byte: it is the script.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import json
 import posixpath
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any
 
 import click
 
+from daemon.commands.context import CommandFailed, Output, echo_lines
 from daemon.commands.import_gather import (
     Gathered,
     ScriptUnreadable,
@@ -32,9 +38,9 @@ from daemon.commands.import_json import (
     report_document,
 )
 from daemon.commands.import_report import config_lines, report_lines
-from daemon.commands.terminal import printable, printable_json
+from daemon.commands.terminal import printable
 from daemon.dialects import DIALECTS
-from daemon.dialects.base import KnobError
+from daemon.dialects.base import BatchGeometry, KnobError
 from daemon.imported import (
     IMPORTED_SCRIPT,
     config_copies,
@@ -45,24 +51,28 @@ from daemon.imported import (
 from daemon.importer import ImporterError, Knob, parse_knob_mapping
 from daemon.owner_files import Owner
 from daemon.owner_serve import TEMPLATE_FILE
-from daemon.templates import (
+from daemon.templates.model import (
+    LaunchTemplate,
+    TemplateError,
+    invariant_known,
+    parse_knob_text,
+)
+from daemon.templates.reading import load_template, parse_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import (
     KnobChange,
     Patch,
     RevisionDir,
-    TemplateError,
+    TemplateRevision,
     apply_patch,
     diff_revisions,
     initial_revision,
-    invariant_known,
     knobs_to_json,
-    load_template,
-    parse_knob_text,
-    parse_template,
-    render,
 )
 
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _TEMPLATE_DIR = click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
+EXIT_INVALID = 1  # the template, a revision or a change cannot be used as given
 EXIT_UNREADABLE = 3  # as `diagnose`: the input could not be read
 
 
@@ -142,16 +152,16 @@ def _gathered(
             knob_names=knob_names,
         )
     except ScriptUnreadable as error:
-        _fail(command, str(error), EXIT_UNREADABLE)
+        raise CommandFailed(
+            str(error), exit_code=EXIT_UNREADABLE, prefix=f"slurm-medic template {command}"
+        ) from error
     return text, gathered
 
 
 def _print_report(document: dict[str, object], as_json: bool) -> None:
-    if as_json:
-        click.echo(printable_json(document))
-        return
-    for line in report_lines(document):
-        click.echo(line)
+    # The report escapes and cuts the document's raw lines itself (a cut must not split an
+    # escape), so it reads the document as gathered.
+    Output(as_json).emit(document, echo_lines(lambda _shown: report_lines(document)))
 
 
 def _knob_names(mappings: tuple[str, ...]) -> dict[str, Knob]:
@@ -167,9 +177,10 @@ def _knob_names(mappings: tuple[str, ...]) -> dict[str, Knob]:
     return names
 
 
-def _fail(command: str, message: str, code: int) -> NoReturn:
-    click.echo(f"slurm-medic template {command}: {printable(message)}", err=True)
-    raise SystemExit(code)
+def _invalid(message: str) -> CommandFailed:
+    """`Error: ...` (exit 1), as click has always printed it; the message may quote the
+    template's own text, which reaches the terminal escaped."""
+    return CommandFailed(message, exit_code=EXIT_INVALID)
 
 
 @template_group.command("import", epilog=f"JSON keys (--json):\n\n{DOCUMENT_KEYS}")
@@ -226,7 +237,7 @@ def import_command(
     _check_checkpoint_dir(checkpoint_dir)
     target = into / name
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise click.ClickException(f"{target} already exists and is not empty: not overwritten")
+        raise _invalid(f"{target} already exists and is not empty: not overwritten")
     text, gathered = _gathered(script, submit_dir, knob_names, "import")
     copies = config_copies(gathered.analysis, script, gathered.texts)
     toml_text = imported_toml(
@@ -241,7 +252,7 @@ def import_command(
     try:  # refuse before writing anything
         parse_template(tomllib.loads(toml_text), text, target, kept)
     except (TemplateError, KnobError) as error:
-        raise click.ClickException(str(error)) from error
+        raise _invalid(str(error)) from error
     target.mkdir(parents=True, exist_ok=True)
     (target / IMPORTED_SCRIPT).write_bytes(text.encode("utf-8", "surrogateescape"))
     for copy in copies:
@@ -252,7 +263,7 @@ def import_command(
         template = load_template(target)
         RevisionDir(template).save(initial_revision(template))
     except TemplateError as error:
-        raise click.ClickException(str(error)) from error
+        raise _invalid(str(error)) from error
     _print_report(import_document(gathered, template, checkpoint_dir), as_json)
 
 
@@ -267,7 +278,7 @@ def show_command(directory: Path, as_json: bool) -> None:
         known = invariant_known(template.dialect, template.not_managed)
         geometry = template.dialect.geometry(template.knobs) if known else None
     except (TemplateError, KnobError) as error:
-        raise click.ClickException(str(error)) from error
+        raise _invalid(str(error)) from error
     unmanaged = {knob: f"{NOT_MANAGED}: {why}" for knob, why in template.not_managed.items()}
     configs = configs_json(template)
     data = {
@@ -296,46 +307,59 @@ def show_command(directory: Path, as_json: bool) -> None:
             for revision in revisions
         ],
     }
-    if as_json:
-        click.echo(printable_json(data))
-        return
+    lines = echo_lines(lambda _shown: _show_lines(template, geometry, revisions, configs))
+    Output(as_json).emit(data, lines)
+
+
+def _show_lines(
+    template: LaunchTemplate,
+    geometry: BatchGeometry | None,
+    revisions: list[TemplateRevision],
+    configs: list[dict[str, Any]],
+) -> Iterator[str]:
+    """`show` for a person. The name, the values, the checkpoint root and the revisions'
+    changes are the template's own text: each line goes out through `printable`."""
     imported = " (imported: the script is kept as written)" if template.imported else ""
-    click.echo(f"{template.name}  ({template.dialect.title}){imported}")
-    click.echo(f"invariant: {template.dialect.invariant}")
+    yield f"{template.name}  ({template.dialect.title}){imported}"
+    yield f"invariant: {template.dialect.invariant}"
     if geometry is None:
         terms = [t for t in invariant_terms(template.dialect) if t in template.not_managed]
-        click.echo(f"batch: not known ({', '.join(terms)} not managed)")
+        yield f"batch: not known ({', '.join(terms)} not managed)"
     else:
-        click.echo(
+        yield (
             f"batch: global {geometry.global_batch} = micro {geometry.micro} x accum "
             f"{geometry.accum} x data-parallel {geometry.data_parallel}"
         )
-    click.echo(f"resume: {template.dialect.resume_note}")
-    click.echo("knobs:")
+    yield f"resume: {template.dialect.resume_note}"
+    yield "knobs:"
     for spec in template.dialect.knobs:
-        if spec.name in unmanaged:
-            click.echo(f"  {spec.name:32} {printable(unmanaged[spec.name])}")
+        if spec.name in template.not_managed:
+            why = template.not_managed[spec.name]
+            yield f"  {spec.name:32} {printable(f'{NOT_MANAGED}: {why}')}"
             continue
         value = json.dumps(knobs_to_json({"v": template.knobs[spec.name]})["v"])
         shown = value if spec.is_set(template.knobs[spec.name]) else "(not set)"
-        click.echo(f"  {spec.name:32} {printable(shown):24} {spec.description}")
-    for line in config_lines(configs):
-        click.echo(line.strip())
+        # Escaped before the padding, so that the descriptions line up.
+        yield f"  {spec.name:32} {printable(shown):24} {spec.description}"
+    yield from (line.strip() for line in config_lines(configs))
     if template.checkpoint:
-        click.echo(
-            f"checkpoints: {template.checkpoint.layout.value} under {template.checkpoint.root}"
-        )
-    click.echo(f"revisions: {len(revisions)}")
+        yield f"checkpoints: {template.checkpoint.layout.value} under {template.checkpoint.root}"
+    yield f"revisions: {len(revisions)}"
     for revision in revisions:
         what = revision.patch.describe() if revision.patch else "first revision"
-        click.echo(f"  {revision.id}  parent {revision.parent or '-':16}  {what}")
+        yield f"  {revision.id}  parent {revision.parent or '-':16}  {what}"
 
 
 @template_group.command("render")
 @click.argument("directory", type=_TEMPLATE_DIR)
 @click.option("--rev", "revision_id", help="a revision id (prefix); default: the template's knobs")
 def render_command(directory: Path, revision_id: str | None) -> None:
-    """Print the sbatch script of the template, or of one of its revisions."""
+    """Print the sbatch script of the template, or of one of its revisions, byte for byte.
+
+    This is the script itself, to redirect to a file or pipe to sbatch: its characters are
+    printed as they are, escape sequences included. To look at it on a terminal, use `show`
+    and `diff`, which escape them.
+    """
     try:
         template = load_template(directory)
         if revision_id is None:
@@ -343,7 +367,7 @@ def render_command(directory: Path, revision_id: str | None) -> None:
         else:
             script = RevisionDir(template).load(revision_id).script
     except (TemplateError, KnobError) as error:
-        raise click.ClickException(str(error)) from error
+        raise _invalid(str(error)) from error
     # Byte for byte: an imported script's bytes that are not UTF-8 come back as they were.
     click.echo(script.encode("utf-8", "surrogateescape"), nl=False)
 
@@ -367,10 +391,10 @@ def set_command(directory: Path, assignments: tuple[str, ...], reason: str) -> N
             changes.append(KnobChange(knob, head.knobs[knob], value))
         revision = apply_patch(template, head, Patch(tuple(changes), reason))
     except (TemplateError, KnobError, KeyError) as error:
-        raise click.ClickException(str(error)) from error
+        raise _invalid(str(error)) from error
     store.save(revision)
     click.echo(f"revision {revision.id} (parent {head.id})")
-    click.echo(revision.diff, nl=False)
+    click.echo(printable(revision.diff), nl=False)  # the script's own text, for a terminal
 
 
 @template_group.command("diff")
@@ -378,11 +402,12 @@ def set_command(directory: Path, assignments: tuple[str, ...], reason: str) -> N
 @click.argument("rev_a")
 @click.argument("rev_b")
 def diff_command(directory: Path, rev_a: str, rev_b: str) -> None:
-    """Unified diff of the rendered scripts of two revisions."""
+    """Unified diff of the rendered scripts of two revisions, for a terminal: a character
+    that could act on it (an escape sequence in the script) is shown escaped, as `\\x1b`."""
     try:
         template = load_template(directory)
         store = RevisionDir(template)
         first, second = store.load(rev_a), store.load(rev_b)
     except (TemplateError, KnobError) as error:
-        raise click.ClickException(str(error)) from error
-    click.echo(diff_revisions(first, second), nl=False)
+        raise _invalid(str(error)) from error
+    click.echo(printable(diff_revisions(first, second)), nl=False)

@@ -26,13 +26,17 @@ from sqlalchemy.orm import Session
 
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.evidence.records import Evidence, LogFindings, OomFamily, OomReport, Phase
+from daemon.planner import Outcome, PlannedFix
 from daemon.slurm.records import JobState, SlurmJob
-from daemon.store import repository as repo
+from daemon.store import control, queries
 from daemon.store.codec import to_json
 from daemon.store.engine import make_engine
+from daemon.store.repository import FIX_COLUMNS
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from daemon.store.states import ProposalState
+from daemon.templates.revisions import KnobChange, Patch
+from remediators.base import Lever
 from tests.postgres import running_postgres
 
 YEAR_START = datetime(2025, 1, 1, tzinfo=UTC)
@@ -200,6 +204,37 @@ class Writer:
         return count
 
 
+def _plan_json() -> str:
+    """What `repository.propose` keeps in `plan` for a micro-batch halving (the columns aside)."""
+    fix = PlannedFix(
+        remediator="micro_batch_down",
+        lever=Lever.BATCH,
+        kind=FailureKind.TRUE_OOM,
+        rung=0,
+        ladder=("micro_batch_down", "recompute_selective"),
+        patch=Patch(
+            (
+                KnobChange("micro_batch", 4, 2),
+                KnobChange("grad_accum", 8, 16),
+            ),
+            "micro_batch_down: halve the micro-batch and double accumulation",
+        ),
+        expected_effect="activation memory per micro-batch roughly halves",
+        cost="~5-15% throughput",
+        knobs_before={"micro_batch": 4, "grad_accum": 8},
+        knobs_after={"micro_batch": 2, "grad_accum": 16},
+        failing_step=1000,
+        actions=(),
+        skipped=(),
+    )
+    plan = to_json(fix)
+    assert isinstance(plan, dict)
+    return json.dumps({k: v for k, v in plan.items() if k not in FIX_COLUMNS})
+
+
+PLAN_JSON = _plan_json()
+
+
 def _sqlite_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -319,7 +354,8 @@ def fill(engine: Engine, scale: Scale) -> Counts:
     rows["proposal"] = writer.write(
         "proposal",
         [
-            *("id", "incident_id", "lineage_id", "remediator", "patch", "rationale", "cost"),
+            *("id", "incident_id", "lineage_id", "remediator", "lever", "rung", "failing_step"),
+            *("plan", "outcome", "rationale", "cost"),
             *("changes_science", "state", "created_at", "updated_at", "decided_by"),
             "relaunch_job_id",
         ],
@@ -329,7 +365,11 @@ def fill(engine: Engine, scale: Scale) -> Counts:
                 k + 1,
                 min(incident_job(k) // JOBS_PER_LINEAGE, n_lineages - 1) + 1,
                 "micro_batch_down",
-                '{"micro_batch": 4, "grad_accum": 8}',
+                Lever.BATCH.value,
+                0,
+                1000 + k % 5000,
+                PLAN_JSON,
+                Outcome.PENDING.value,
                 "halve the micro-batch and double accumulation: the global batch is kept",
                 1.0,
                 False,
@@ -450,48 +490,48 @@ def questions(scale: Scale) -> dict[str, Callable[[Session, int], object]]:
         return _at((run % 11) / 12)
 
     return {
-        "lineage history": lambda s, run: repo.lineage_story(
+        "lineage history": lambda s, run: queries.lineage_story(
             s, lineage_id=scale.lineages // 2 + run
         ),
-        "everything about a job id": lambda s, run: repo.job_story(
+        "everything about a job id": lambda s, run: queries.job_story(
             s, slurm_job_id=1_000_000 + some_incident(run) * JOBS_PER_INCIDENT
         ),
-        "drains in force": lambda s, run: repo.drains_in_force(s),
-        "pending approvals": lambda s, run: repo.pending_approvals(s),
-        "incidents of a kind, 30 days": lambda s, run: repo.incidents_by_kind(
+        "drains in force": lambda s, run: control.drains_in_force(s),
+        "pending approvals": lambda s, run: queries.pending_approvals(s),
+        "incidents of a kind, 30 days": lambda s, run: queries.incidents_by_kind(
             s,
             kind=KINDS[run % len(KINDS)],
             since=month(run),
             until=month(run) + timedelta(days=30),
         ),
-        "incidents of a user, 30 days": lambda s, run: repo.find_incidents(
+        "incidents of a user, 30 days": lambda s, run: queries.find_incidents(
             s,
             user=f"user{run * 37 % USERS:04d}",
             since=month(run),
             until=month(run) + timedelta(days=30),
         ),
-        "incidents on a node, 30 days": lambda s, run: repo.find_incidents(
+        "incidents on a node, 30 days": lambda s, run: queries.find_incidents(
             s,
             node=f"gpu-{run * 13 % NODES:04d}",
             since=month(run),
             until=month(run) + timedelta(days=30),
         ),
-        "incident counts by kind, 30 days": lambda s, run: repo.count_incidents_by_kind(
+        "incident counts by kind, 30 days": lambda s, run: queries.count_incidents_by_kind(
             s, since=month(run), until=month(run) + timedelta(days=30)
         ),
-        "incident counts by kind, a year": lambda s, run: repo.count_incidents_by_kind(
+        "incident counts by kind, a year": lambda s, run: queries.count_incidents_by_kind(
             s, since=YEAR_START, until=YEAR_START + YEAR
         ),
-        "audit trail of a proposal": lambda s, run: repo.proposal_audit_trail(
+        "audit trail of a proposal": lambda s, run: queries.proposal_audit_trail(
             s, proposal_id=some_incident(run) + 1
         ),
     }
 
 
 def _size(result: object) -> int:
-    if isinstance(result, repo.LineageStory):
+    if isinstance(result, queries.LineageStory):
         return len(result.attempts)
-    if isinstance(result, repo.JobStory):
+    if isinstance(result, queries.JobStory):
         return (
             len(result.incidents) + len(result.proposals) + len(result.actions) + len(result.audit)
         )

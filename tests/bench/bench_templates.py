@@ -24,17 +24,10 @@ from daemon.diagnosis import Confidence, Diagnosis, FailureKind, Onset
 from daemon.dialects.base import Role
 from daemon.evidence.records import OomFamily, OomReport
 from daemon.planner import Attempt, LineageHistory, Outcome, PlannerPolicy, Proposal, plan
-from daemon.templates import (
-    KnobChange,
-    LaunchTemplate,
-    Patch,
-    TemplateError,
-    apply_patch,
-    initial_revision,
-    load_template,
-    parse_template,
-    render,
-)
+from daemon.templates.model import LaunchTemplate, TemplateError
+from daemon.templates.reading import load_template, parse_template
+from daemon.templates.rendering import render
+from daemon.templates.revisions import KnobChange, Patch, apply_patch, initial_revision
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "launch_templates"
