@@ -2,8 +2,8 @@
 
 A template lives in a directory (`template.toml` + the Jinja2 script, or, when imported, the
 user's own script verbatim); its revisions are JSON files under `revisions/` in that directory
-(see daemon.templates.revisions.RevisionDir). The directory is read as the caller, through the same walk
-and caps as the daemon's reads as an owner.
+(see daemon.templates.revisions.RevisionDir). The directory is read as the caller, through
+the same walk and caps as the daemon's reads as an owner.
 
 A template's text (its name, values, script) is the user's: what the commands print for a
 terminal, failures included, goes through `terminal.printable` (`context.Output`,
