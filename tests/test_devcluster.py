@@ -157,6 +157,41 @@ def test_job_comment_reaches_accounting(failed_job: FinishedJob) -> None:
     assert plain.stdout.strip() == failed_job.token
 
 
+def test_a_task_past_its_mem_is_killed_by_the_cgroup_oom_killer(devcluster: DevCluster) -> None:
+    """task/cgroup confines RAM: the kernel, not the program, kills a task past --mem, and
+    Slurm records it as a real cluster does (the host-RAM kill the daemon diagnoses)."""
+    work = Path(f"/tmp/devcluster-test-{uuid.uuid4().hex[:8]}")
+    work.mkdir()
+    shutil.chown(work, "alice", "alice")
+    try:
+        batch = work / "job.sh"
+        batch.write_text(
+            "#!/bin/bash\n"
+            "#SBATCH --nodes=1\n"
+            "#SBATCH --nodelist=gpu-01\n"
+            "#SBATCH --mem=200M\n"
+            f"#SBATCH --output={work}/%j.out\n"
+            # 600 MiB, 10 MiB at a time, under a 200 MB limit.
+            "srun python3 -c 'held = [bytearray(10 << 20) for _ in range(60)]; print(42)'\n"
+        )
+        batch.chmod(0o755)
+        submit = run(
+            ["sbatch", "--uid=alice", "--gid=alice", "--parsable", f"--chdir={work}", str(batch)]
+        )
+        assert submit.returncode == 0, submit.stderr
+        job_id = submit.stdout.strip().split(";")[0]
+        record = wait_for_final_record(job_id, "gpu-01")
+        steps = {step["step"]["name"]: step for step in record["steps"]}
+        log = (work / f"{job_id}.out").read_text()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert "42" not in log.splitlines()
+    assert "srun: error: gpu-01: task 0: Out Of Memory" in log
+    assert f"Detected 1 oom-kill event(s) in StepId={job_id}.0" in log
+    step_state = steps["python3"]["state"]
+    assert step_state == "OUT_OF_MEMORY" or step_state == ["OUT_OF_MEMORY"], steps
+
+
 def test_status_reports_every_component(devcluster: DevCluster) -> None:
     done = run([str(DEVCLUSTER / "status"), "--json"])
     assert done.returncode == 0, done.stdout
