@@ -1,7 +1,9 @@
 # The two commands an operator needs: `make demo` and `make test`.
 # Both do their own set-up on a fresh Debian 12 machine (apt packages, virtualenv).
 
-PYTHON ?= python3
+# Debian's own python3: the local cluster's jobs run as alice and use this venv too (real
+# torch), and an interpreter under /root (pyenv) is not hers to run.
+PYTHON ?= /usr/bin/python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -14,7 +16,7 @@ system-packages:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,postgres]'
+	$(BIN)/pip install --quiet -e '.[dev,postgres,train]'
 	touch $(STAMP)
 
 venv: $(STAMP)
