@@ -34,7 +34,13 @@ _TRAILING_NUMBER = re.compile(r"([0-9]+)\Z")
 _HF_DIR = re.compile(r"checkpoint-([0-9]+)")
 _MEGATRON_DIR = re.compile(r"iter_([0-9]+)")
 _DEEPSPEED_DIR = re.compile(r"global_step([0-9]+)")
-_HF_SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors")
+# The weight files transformers' Trainer accepts when it resumes (Trainer._load_from_checkpoint).
+_HF_SINGLE_WEIGHTS = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
 _HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -355,10 +361,28 @@ def _marker_check(search: _Search, marker: str) -> Callable[[Path], None]:
     return check
 
 
+def _dcp_check(search: _Search) -> Callable[[Path], None]:
+    """`.metadata` is renamed into place by the coordinator after every rank's data is written.
+
+    A save with `use_collectives=False` writes only per-rank `__R.metadata` files: `dcp.load`
+    reads them, but nothing on disk says how many ranks there were, so a rank that died before
+    writing a byte is invisible and the save cannot be called complete.
+    """
+    marker = _marker_check(search, ".metadata")
+
+    def check(path: Path) -> None:
+        if not search.is_file(path / ".metadata") and search.is_file(path / "__0.metadata"):
+            raise _Refused(
+                "only per-rank __R.metadata files (saved with use_collectives=False): "
+                "the number of ranks is not on disk, so completeness cannot be checked"
+            )
+        marker(path)
+
+    return check
+
+
 def _find_dcp(search: _Search, _spec: CheckpointSpec, skipped: list[Skipped]) -> Checkpoint | None:
-    result = _first_complete(
-        search, search.numbered_dirs(None), _marker_check(search, ".metadata"), skipped
-    )
+    result = _first_complete(search, search.numbered_dirs(None), _dcp_check(search), skipped)
     if result is None:
         return None
     return Checkpoint(CheckpointLayout.DCP, result[1], result[0], str(result[1]))

@@ -81,6 +81,22 @@ def test_hf_sharded_weights_need_every_shard(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "weights",
+    ["model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin"],
+)
+def test_hf_accepts_each_single_weight_file_the_trainer_resumes_from(
+    tmp_path: Path, weights: str
+) -> None:
+    hf_checkpoint(tmp_path, 10, weights=weights)
+    write(tmp_path / "checkpoint-20" / "trainer_state.json", "{}")
+    write(tmp_path / "checkpoint-20" / "adapter_config.json", "{}")  # a config is no weights
+    result = find_last_good(spec(CheckpointLayout.HF, tmp_path))
+    assert result.found is not None
+    assert result.found.step == 10
+    assert skipped(result)["'checkpoint-20'"].startswith("no weights")
+
+
 def test_hostile_trees_symlinks_out_loops_and_newlines(tmp_path: Path) -> None:
     root = tmp_path / "out"
     outside = tmp_path / "elsewhere"
@@ -179,6 +195,20 @@ def test_dcp_needs_its_metadata_file(tmp_path: Path) -> None:
     assert result.found is not None
     assert result.found.step == 100
     assert skipped(result) == {"'step-200'": "no .metadata marker: the save did not finish"}
+
+
+def test_dcp_with_only_per_rank_metadata_is_not_called_complete(tmp_path: Path) -> None:
+    for rank in range(2):
+        write(tmp_path / "step-20" / f"__{rank}.metadata")
+        write(tmp_path / "step-20" / f"__{rank}_0.distcp")
+    write(tmp_path / "step-10" / ".metadata")
+    write(tmp_path / "step-10" / "__0_0.distcp")
+    result = find_last_good(spec(CheckpointLayout.DCP, tmp_path))
+    assert result.found is not None
+    assert result.found.step == 10
+    assert skipped(result)["'step-20'"].startswith(
+        "only per-rank __R.metadata files (saved with use_collectives=False)"
+    )
 
 
 def test_dcp_names_with_newlines_or_lookalike_digits_are_not_checkpoints(tmp_path: Path) -> None:
