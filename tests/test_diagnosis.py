@@ -30,6 +30,7 @@ from daemon.evidence.records import (
 )
 from daemon.rules.dispatch import diagnose
 from daemon.slurm.records import JobState, SlurmJob
+from daemon.slurm.sacct_json import parse_sacct_json
 
 OOM = Path(__file__).parent / "data" / "oom"
 NOW = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
@@ -249,6 +250,20 @@ def test_slurm_out_of_memory_state_is_host_ram() -> None:
     assert verdict.kind is FailureKind.HOST_RAM
     assert verdict.confidence is Confidence.HIGH
     assert verdict.node == "gpu-02"
+
+
+def test_a_step_the_memory_cgroup_killed_is_host_ram_though_the_job_failed() -> None:
+    # Real 22.05 accounting of a cgroup kill (tests/data/slurm/README.md, `cgroup-oom`): the
+    # job FAILED, its srun step OUT_OF_MEMORY; the log alone says nothing here.
+    sample = Path(__file__).parent / "data" / "slurm" / "dbv0.0.38" / "cgroup-oom.json"
+    killed = parse_sacct_json(sample.read_text(encoding="utf-8")).jobs[0]
+    assert killed.state is JobState.FAILED
+    verdict = run(LogFindings(), job=killed)
+    assert verdict.kind is FailureKind.HOST_RAM
+    assert verdict.confidence is Confidence.HIGH
+    assert f"Slurm ended step {killed.job_id}.0 as OUT_OF_MEMORY (its memory cgroup)" in (
+        verdict.reasons
+    )
 
 
 def test_sigkill_without_traceback_is_host_ram_with_less_certainty() -> None:

@@ -173,9 +173,18 @@ def test_hostile_name_and_comment_come_back_as_accounting_stored_them() -> None:
     assert [s.step_id for s in fallback.steps] == ["batch"]
 
 
-def test_memory_limit_is_not_enforced_on_this_cluster() -> None:
+def test_memory_limit_was_not_enforced_before_the_cluster_confined_ram() -> None:
     job = _only("mem-not-enforced")
     assert job.state is JobState.COMPLETED
+
+
+def test_a_cgroup_kill_is_recorded_on_the_step_not_the_job() -> None:
+    job = _only("cgroup-oom")
+    assert job.state is JobState.FAILED
+    states = {step.step_id: step.state for step in job.steps}
+    assert states == {"batch": JobState.FAILED, "0": JobState.OUT_OF_MEMORY}
+    fallback = parse_sacct_parsable(_text(REAL / "cgroup-oom.parsable2"), local_tz=UTC).jobs[0]
+    assert {step.step_id: step.state for step in fallback.steps} == states
 
 
 # -- newer releases (schema-built) ------------------------------------------------------------

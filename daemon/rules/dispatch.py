@@ -151,6 +151,17 @@ def _host_ram(context: RuleContext) -> Diagnosis | None:
     if job is not None and job.state is JobState.OUT_OF_MEMORY:
         certain = True
         reasons.append(f"Slurm ended job {job.display_id} as OUT_OF_MEMORY (its memory cgroup)")
+    elif job is not None:
+        # Slurm marks the srun step the cgroup killed in, while the job itself ends FAILED
+        # (the batch script's exit) or CANCELLED (a wedge cancelled): the step is the record.
+        killed_steps = [step for step in job.steps if step.state is JobState.OUT_OF_MEMORY]
+        if killed_steps:
+            certain = True
+            step = killed_steps[0]
+            reasons.append(
+                f"Slurm ended step {job.display_id}.{step.step_id} as OUT_OF_MEMORY "
+                "(its memory cgroup)"
+            )
     probe = context.evidence.probe
     if probe is not None and probe.host_oom_kills:
         certain = True

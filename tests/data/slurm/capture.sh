@@ -29,7 +29,7 @@ srun bash -c '"'"'echo "task $SLURM_PROCID on $SLURMD_NODENAME"; [ "$SLURM_PROCI
 failed=$(submit -N4 --ntasks-per-node=1 --job-name=train-4node --comment=tok-failed --output=%x-%j.out <<<"$script_failed")
 cancelled=$(submit -N1 --job-name=to-cancel --output=%x-%j.out <<<$'#!/bin/bash\nsrun sleep 300\n')
 timeout=$(submit -N1 --time=1 --job-name=short-limit --output=%x-%j.out <<<$'#!/bin/bash\nsrun sleep 300\n')
-oom=$(submit -N1 --mem=50M --job-name=mem-hog --output=%x-%j.out <<<$'#!/bin/bash\nsrun python3 -c "import time; b = bytearray(400 * 2**20); time.sleep(25)"\n')
+oom=$(submit -N1 --mem=200M --job-name=mem-hog --output=%x-%j.out <<<$'#!/bin/bash\nsrun python3 -c "import time; b = bytearray(600 * 2**20); time.sleep(25)"\n')
 array=$(submit -N1 --array=0-2 --job-name=sweep --output=%x-%A_%a.out <<<$'#!/bin/bash\n[ "$SLURM_ARRAY_TASK_ID" = 1 ] && exit 3\nexit 0\n')
 multi=$(submit -N2 --ntasks-per-node=1 --job-name=multi-step --output=%x-%j.out <<<$'#!/bin/bash\nsrun -N2 true\nsrun -N1 -n1 bash -c "exit 7"\nsrun -N2 hostname\nexit 0\n')
 hostile_name=$'quote\'"$(touch /tmp/pwned)`id`\nline2 \xff\xfe end'
@@ -55,7 +55,7 @@ scontrol --oneliner show node gpu-03 > "$out/scontrol-show-node-drained.txt"
 scontrol update NodeName=gpu-03 State=RESUME
 echo "$failed" > "$out/sbatch-parsable.txt"
 
-for pair in failed:$failed cancelled:$cancelled timeout:$timeout mem-not-enforced:$oom array:$array \
+for pair in failed:$failed cancelled:$cancelled timeout:$timeout cgroup-oom:$oom array:$array \
             multi-step:$multi hostile:$hostile node-fail:$node_fail ${het:+het:$het}; do
   name=${pair%%:*} id=${pair#*:}
   wait_done "$id"
