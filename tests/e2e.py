@@ -50,6 +50,9 @@ from daemon.store.settings import StoreSettings
 REPO = Path(__file__).resolve().parent.parent
 MEDIC = REPO / ".venv" / "bin" / "slurm-medic"
 EMULATED_TRAIN = REPO / "deploy" / "devcluster" / "emulated-train"
+# The real run: torch + transformers on the CPU, gloo across the nodes, the OOM injected. It
+# runs under this venv's interpreter (Debian's python3, which the job user may run).
+REAL_TRAIN = (REPO / ".venv" / "bin" / "python", REPO / "deploy" / "devcluster" / "real-train")
 USER = "alice"
 # Short pacing: a step is 0.05 s.
 STEP_SECONDS = "0.05"
@@ -65,7 +68,8 @@ class StageFailed(AssertionError):
 
 @dataclass(frozen=True)
 class Scenario:
-    """One emulated failure: which shipped example, which preset, which knobs differ."""
+    """One failure: which shipped example, which preset, which knobs differ, and whether the
+    real run (real-train) or the emulation (emulated-train) plays it."""
 
     name: str
     example: str
@@ -73,8 +77,13 @@ class Scenario:
     knobs: Mapping[str, str] = field(default_factory=dict)
     # The presets are sized for one rank per node (host RAM is per node).
     one_rank_per_node: bool = False
-    # How long the surviving ranks hang before NCCL's watchdog ends the job.
+    # How long the surviving ranks hang (NCCL's watchdog, or gloo's timeout) before they die.
     nccl_timeout_s: int = 2
+    real: bool = True
+    # The job's --mem per node: the cgroup limit a real host-RAM run is killed at.
+    mem: str | None = None
+    # Extra environment of the job (e.g. the real run's REALTRAIN_WORKER_MIB).
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def make_template(work_dir: Path, spec: Scenario) -> Path:
@@ -88,19 +97,22 @@ def make_template(work_dir: Path, spec: Scenario) -> Path:
     if spec.one_rank_per_node:
         toml = _replace_line(toml, "ntasks-per-node = ", "ntasks-per-node = 1")
     checkpoints = work_dir / f"ckpt-{spec.name}"
-    toml = toml.replace('"deploy/devcluster/emulated-train"', json.dumps(str(EMULATED_TRAIN)))
+    program = [str(path) for path in REAL_TRAIN] if spec.real else [str(EMULATED_TRAIN)]
+    toml = toml.replace('["deploy/devcluster/emulated-train"]', json.dumps(program))
     toml = toml.replace(
         f'"/tmp/slurm-medic-examples/{_example_dir(spec.example)}"', f'"{checkpoints}"'
     )
     toml = _replace_line(toml, "job-name = ", f'job-name = "e2e-{spec.name}"')
     toml = _replace_line(toml, "output = ", f'output = "{work_dir}/%x-%j.out"')
-    toml = toml.replace("[sbatch]\n", "[sbatch]\novercommit = true\n")
+    sbatch = "overcommit = true\n" + (f'mem = "{spec.mem}"\n' if spec.mem else "")
+    toml = toml.replace("[sbatch]\n", f"[sbatch]\n{sbatch}")
     toml = toml.replace(
         "[env]\n",
         "[env]\n"
         f'EMULATION_SCENARIO = "{spec.scenario}"\n'
         f'EMULATION_STEP_SECONDS = "{STEP_SECONDS}"\n'
-        f'EMULATION_NCCL_TIMEOUT_SECONDS = "{spec.nccl_timeout_s}"\n',
+        f'EMULATION_NCCL_TIMEOUT_SECONDS = "{spec.nccl_timeout_s}"\n'
+        + "".join(f"{name} = {json.dumps(value)}\n" for name, value in spec.env.items()),
     )
     toml_path.write_text(toml, encoding="utf-8")
     return target
@@ -148,6 +160,8 @@ class Medic:
     work_dir: Path
     probe: Mapping[str, str]
     poll_interval_s: float = 1.0
+    # How long a run that shows a dead rank may keep running before the daemon cancels it.
+    wedge_grace_s: float = 30
     # Only the daemon's environment (a crash test's PATH-prepended wrappers).
     daemon_env: Mapping[str, str] = field(default_factory=dict)
     daemon: subprocess.Popen[bytes] | None = None
@@ -188,7 +202,7 @@ class Medic:
             # A crash test's intent is settled after 10 s, not a minute.
             "reconcile_settle_s = 10\n"
             "[wedge]\n"
-            "grace_s = 30\n"
+            f"grace_s = {self.wedge_grace_s:g}\n"
             "[verify]\n"
             "margin_steps = 2\n"
             "interval_s = 1\n"

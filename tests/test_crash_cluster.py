@@ -161,7 +161,7 @@ def test_killed_around_sbatch_relaunches_once(
     medic = Medic(work_dir, probe_settings(devcluster), daemon_env=env)
     medic.prepare()
     lineage, first_job, _token = medic.submit(
-        make_template(work_dir, Scenario(name, "torchrun", "fragmentation"))
+        make_template(work_dir, Scenario(name, "torchrun", "fragmentation", one_rank_per_node=True))
     )
     medic.start()
     try:
@@ -234,7 +234,7 @@ def test_killed_during_verification_still_verifies(devcluster: DevCluster, work_
     medic = Medic(work_dir, probe_settings(devcluster))
     medic.prepare()
     lineage, first_job, _token = medic.submit(
-        make_template(work_dir, Scenario(name, "torchrun", "fragmentation"))
+        make_template(work_dir, Scenario(name, "torchrun", "fragmentation", one_rank_per_node=True))
     )
     medic.start()
     try:

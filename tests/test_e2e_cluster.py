@@ -1,4 +1,6 @@
-"""Every emulated scenario, end to end, on the real local cluster under a real daemon.
+"""Every scenario, end to end, on the real local cluster under a real daemon, played by real
+training jobs (real-train: torch DDP over gloo, the CUDA OOM injected where the memory model
+says, a real cgroup kill for host RAM).
 
 Phase one runs the six scenarios that need only healthy nodes at once under one
 `slurm-medic run` (several lineages at a time, as on a real cluster); the levers that change
@@ -42,22 +44,29 @@ pytestmark = [pytest.mark.cluster]
 
 SICK_NODE = "gpu-03"
 # The healthy scenarios hang for different times after their OOM, so their deaths reach the
-# daemon five seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py).
+# daemon five seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py). Real runs on 2 cores: one
+# rank per node, on two nodes (four for the optimizer burst, whose fix shards by four).
 HEALTHY = (
-    Scenario("fragmentation", "torchrun", "fragmentation", nccl_timeout_s=4),
+    Scenario(
+        "fragmentation", "torchrun", "fragmentation", one_rank_per_node=True, nccl_timeout_s=4
+    ),
     Scenario(
         "true-oom-step0",
         "torchrun",
         "true-oom-step0",
         {"micro_batch": "6", "grad_accum": "4"},
+        one_rank_per_node=True,
         nccl_timeout_s=9,
     ),
-    Scenario("true-oom-midrun", "torchrun", "true-oom-midrun", nccl_timeout_s=14),
+    Scenario(
+        "true-oom-midrun", "torchrun", "true-oom-midrun", one_rank_per_node=True, nccl_timeout_s=14
+    ),
     Scenario(
         "optimizer-burst",
         "torchrun",
         "optimizer-burst",
-        {"micro_batch": "2", "grad_accum": "16", "seq_len": "1024"},
+        {"nodes": "4", "micro_batch": "2", "grad_accum": "16", "seq_len": "1024"},
+        one_rank_per_node=True,
         nccl_timeout_s=19,
     ),
     Scenario(
@@ -65,14 +74,20 @@ HEALTHY = (
         "torchrun",
         "eval-growth",
         {"micro_batch": "2", "grad_accum": "8", "eval_batch": "32"},
+        one_rank_per_node=True,
         nccl_timeout_s=24,
     ),
     Scenario(
         "host-ram",
         "torchrun",
         "host-ram",
-        {"nodes": "4", "micro_batch": "2", "grad_accum": "8", "num_workers": "16"},
+        {"nodes": "2", "micro_batch": "2", "grad_accum": "8", "num_workers": "16"},
         one_rank_per_node=True,
+        # A rank (about 260 MiB) whose 16 workers hold 96 MiB each (about 108 MiB resident)
+        # needs about 1,990 MiB; with 8, about 1,120 MiB: 1500 MB kills the first, not the fix
+        # (deploy/devcluster/realtrain/README.md). The kernel's cgroup kills, not the program.
+        mem="1500M",
+        env={"REALTRAIN_WORKER_MIB": "96"},
         nccl_timeout_s=29,
     ),
 )

@@ -3,7 +3,8 @@
 A researcher's own sbatch script, written the way people write them (values in shell
 variables, a `${X:-default}`, the launch line piped into `tee`), is imported with
 `slurm-medic template import`, submitted with `slurm-medic submit`, dies of fragmentation
-(the emulated program, HF Trainer flags), and the daemon relaunches it with the allocator fix.
+(the real program: transformers' Trainer over gloo, the OOM injected), and the daemon relaunches
+it with the allocator fix.
 What the relaunch ran is the user's script with exactly two additions: the allocator export
 after the #SBATCH header and the resume flag at the end of the training command's arguments,
 before the pipe. Everything else, byte for byte, is what the user wrote.
@@ -25,8 +26,8 @@ from daemon.slurm.backend import SlurmCli
 from daemon.store.engine import make_session_factory
 from daemon.store.models import Action, Incident, Proposal, TemplateRevision
 from tests.devcluster import DevCluster
+from tests.e2e import REAL_TRAIN
 from tests.test_service_cluster import (
-    EMULATED_TRAIN,
     USER,
     configure,
     cycle_until,
@@ -56,7 +57,7 @@ export EMULATION_NCCL_TIMEOUT_SECONDS=3
 OUTPUT_DIR={work}/ckpt
 MICRO_BATCH=${{MICRO_BATCH:-4}}
 
-srun python3 {program} \\
+srun {python} {program} \\
     --model_name_or_path gpt2 \\
     --output_dir "$OUTPUT_DIR" \\
     --save_strategy steps --save_steps 2 --logging_steps 1 \\
@@ -70,7 +71,8 @@ echo "finished"
 def test_an_imported_script_is_relaunched_as_written_plus_the_fix(
     devcluster: DevCluster, work_dir: Path
 ) -> None:
-    script_text = SCRIPT.format(work=work_dir, program=EMULATED_TRAIN)
+    python, program = REAL_TRAIN
+    script_text = SCRIPT.format(work=work_dir, python=python, program=program)
     script = work_dir / "finetune.sbatch"
     script.write_text(script_text)
     imported = CliRunner().invoke(
@@ -138,7 +140,8 @@ def test_an_imported_script_is_relaunched_as_written_plus_the_fix(
     assert removed.split(" 2>&1 | tee ", 1)[1] == pipe
     assert relaunch_job is not None
     log = Path(work_dir / f"imported-hf-{relaunch_job}.out").read_text()
-    assert "Continuing training from global step 2" in log  # HF Trainer's words
+    # transformers 5's Trainer's own words on resuming.
+    assert "Resuming training from checkpoint with epoch 0 and global step 2" in log
     assert "OutOfMemoryError" not in log
     daemon.leader.release()
     SlurmCli().cancel(relaunch_job)  # verified; no need to run it out

@@ -1,6 +1,6 @@
 """The daemon closing the loop on the real local cluster, with a SQLite record.
 
-A torchrun template set to the emulated `fragmentation` scenario is submitted with
+A torchrun template whose real run (real-train) plays the `fragmentation` scenario is submitted with
 `slurm-medic submit`; it dies; the daemon's cycles diagnose fragmentation, auto-approve
 `expandable_segments:True`, relaunch from the last good checkpoint as the owner with the
 token in the comment, and verify the relaunch. A true OOM at step 0 (HF dialect) waits in
@@ -9,6 +9,7 @@ token in the comment, and verify the relaunch. A true OOM at step 0 (HF dialect)
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import uuid
@@ -30,12 +31,12 @@ from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Action, AuditEvent, Incident, Proposal, TemplateRevision
 from daemon.store.schema import upgrade
 from tests.devcluster import DevCluster
+from tests.e2e import REAL_TRAIN
 
 pytestmark = [pytest.mark.cluster]
 
 USER = "alice"
 ROOT = Path(__file__).resolve().parent.parent
-EMULATED_TRAIN = ROOT / "deploy" / "devcluster" / "emulated-train"
 
 
 @pytest.fixture
@@ -56,14 +57,16 @@ def make_template(
     step_seconds: float = 0.05,
     max_steps: int = 12,
 ) -> Path:
-    """The example with this machine's paths, the scenario and short pacing."""
+    """The example with this machine's paths, the real run (real-train) playing the scenario,
+    and short pacing."""
     target = work_dir / "template"
     shutil.copytree(ROOT / "launch_templates" / example, target)
     toml = (target / "template.toml").read_text()
     checkpoints = str(work_dir / "ckpt")
     for old, new in replace.items():
         toml = toml.replace(old, new)
-    toml = toml.replace('"deploy/devcluster/emulated-train"', f'"{EMULATED_TRAIN}"')
+    program = json.dumps([str(path) for path in REAL_TRAIN])
+    toml = toml.replace('["deploy/devcluster/emulated-train"]', program)
     toml = toml.replace(f'"/tmp/slurm-medic-examples/{example}"', f'"{checkpoints}"')
     toml = toml.replace('output = "%x-%j.out"', f'output = "{work_dir}/%x-%j.out"')
     toml = toml.replace(
@@ -228,7 +231,8 @@ def test_true_oom_waits_for_a_person(devcluster: DevCluster, work_dir: Path) -> 
 def test_a_wedged_run_is_cancelled_after_the_grace_and_handled_as_failed(
     devcluster: DevCluster, work_dir: Path
 ) -> None:
-    """One rank's OOM while the others wait 120 s on NCCL: cancelled after 2 s of grace."""
+    """One rank's OOM while the others hang 120 s in a real gloo allreduce: cancelled after 2 s
+    of grace."""
     config = configure(work_dir, devcluster, extra="[wedge]\ngrace_s = 2\n")
     template = make_template(work_dir, "torchrun", "fragmentation", {}, nccl_timeout_s=120)
     daemon = daemon_for(load_settings(config))
@@ -236,7 +240,7 @@ def test_a_wedged_run_is_cancelled_after_the_grace_and_handled_as_failed(
     daemon.start()
     started = time.monotonic()
     cycle_until(daemon, lambda: bool(proposals(daemon)), timeout_s=90)
-    assert time.monotonic() - started < 120  # well before NCCL's watchdog would have ended it
+    assert time.monotonic() - started < 120  # well before gloo's timeout would have ended it
     with make_session_factory(daemon.engine)() as session:
         cancelled = session.scalars(
             select(AuditEvent).where(AuditEvent.verb == "wedged_cancelled")
