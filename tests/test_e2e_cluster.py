@@ -12,6 +12,7 @@ excludes it), then a co-tenant on the same node (excluded, pid reported, batch k
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from sqlalchemy import select
 
 from daemon import process
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.store.models import NodeEvent
+from daemon.store.models import Incident, NodeEvent
 from tests.devcluster import DevCluster, wait_for_end
 from tests.e2e import (
     FINAL_PROPOSAL_STATES,
@@ -304,6 +305,21 @@ def test_true_oom_halves_micro_batch_and_doubles_accumulation(
     for line in ("-export GRAD_ACCUM=4", "+export GRAD_ACCUM=8"):
         assert line in story
     assert f"proposal_approved by {USER}" in story
+
+
+def test_host_ram_was_a_real_cgroup_kill_read_from_the_killed_step(
+    healthy_runs: dict[str, Run],
+) -> None:
+    run = healthy_runs["host-ram"]
+    log = job_log(run.medic.work_dir, run.first_job)
+    # slurmstepd counts the kernel's kills on its node (a worker each, several per node).
+    assert re.search(rf"Detected \d+ oom-kill event\(s\) in StepId={run.first_job}\.0\b", log)
+    incident = run.medic.incidents(run.lineage)[0]
+    with run.medic.session() as session:
+        recorded = session.get(Incident, incident.id)
+        assert recorded is not None
+        reasons = recorded.diagnosis["reasons"]
+    assert f"Slurm ended step {run.first_job}.0 as OUT_OF_MEMORY (its memory cgroup)" in reasons
 
 
 def test_faulty_node_is_drained_and_excluded(node_runs: NodeRuns) -> None:

@@ -1,4 +1,7 @@
-"""The real training run on the real 4-node cluster: a real wedge, a real cgroup OOM kill.
+"""The real training run on the real cluster, four ranks on two nodes: a real wedge.
+
+The loop around it (the daemon's wedge check, diagnosis, relaunch and resume, and the real
+cgroup kill of a host-RAM run) is tested by the end-to-end, service and crash sets.
 
 Jobs run as alice under the project's venv (built on the system Python, which she may run).
 `--overcommit` lets a job take one core per task, so several sessions' jobs run side by side
@@ -31,11 +34,7 @@ REAL_TRAIN = REPO / "deploy" / "devcluster" / "real-train"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 # The budget for a job to end allows for other sessions' jobs holding the nodes.
 END_WITHIN_S = 300
-TIMEOUT_S = 15
-# README.md's figures: 2 ranks per node, each worker really holding 96 MiB, peak about
-# 2.25 GB per node with 8 workers and about 4 GB with 16.
-WORKER_MIB = 96
-HOST_RAM_MEM = "3000M"
+TIMEOUT_S = 8
 
 
 @pytest.fixture
@@ -45,7 +44,7 @@ def work_dir() -> Iterator[Path]:
         yield path
 
 
-def submit(work_dir: Path, name: str, env: dict[str, str], sbatch: tuple[str, ...] = ()) -> str:
+def submit(work_dir: Path, name: str, env: dict[str, str]) -> str:
     exports = "".join(f"export {key}={value}\n" for key, value in env.items())
     script = work_dir / f"{name}.sh"
     script.write_text(
@@ -65,7 +64,6 @@ def submit(work_dir: Path, name: str, env: dict[str, str], sbatch: tuple[str, ..
             "--parsable",
             f"--chdir={work_dir}",
             f"--job-name={name}",
-            *sbatch,
             str(script),
         ],
         timeout=30,
@@ -78,15 +76,6 @@ def job_state(job_id: str) -> str:
     shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
     match = re.search(r"\bJobState=(\S+)", shown.stdout)
     return match.group(1) if match else "UNKNOWN"
-
-
-def step_states(job_id: str) -> dict[str, str]:
-    shown = process.run(
-        ["sacct", "-j", job_id, "--noheader", "--parsable2", "--format=JobID,State"],
-        timeout=30,
-        check=True,
-    )
-    return dict(line.split("|", 1) for line in shown.stdout.splitlines() if "|" in line)
 
 
 def wait_for_text(path: Path, pattern: re.Pattern[str], timeout_s: float) -> str:
@@ -143,47 +132,3 @@ def test_a_four_rank_two_node_job_wedges_in_the_real_collective_then_fails_by_it
     ]
     verdict = diagnose(Evidence(log=scan_log(log), expandable_segments=False), History())
     assert (verdict.kind, verdict.rank, verdict.node) == (FailureKind.FRAGMENTATION, 3, "gpu-02")
-
-    fixed_id = submit(
-        work_dir,
-        "real-frag-fixed",
-        {**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "RESUME_FROM": "latest"},
-    )
-    assert wait_for_end(fixed_id, END_WITHIN_S) == "COMPLETED"
-    fixed = (work_dir / f"real-frag-fixed-{fixed_id}.out").read_text()
-    assert f"resumed from checkpoint {ckpt / 'step_2'} at step 2" in fixed.splitlines()
-    assert "step 6/6 | loss " in fixed
-    assert sorted(path.name for path in ckpt.iterdir()) == ["step_2", "step_4", "step_6"]
-
-
-def test_host_ram_job_is_killed_by_the_memory_cgroup_and_half_the_workers_pass(
-    work_dir: Path,
-) -> None:
-    env = {
-        "EMULATION_SCENARIO": "host-ram",
-        "EMULATION_STEP_SECONDS": "0.2",
-        "EMULATION_NCCL_TIMEOUT_SECONDS": str(TIMEOUT_S),
-        "MAX_STEPS": "8",
-        "REALTRAIN_WORKER_MIB": str(WORKER_MIB),
-    }
-    mem = ("--mem", HOST_RAM_MEM)
-    killed_id = submit(work_dir, "real-hostram", env, mem)
-    assert wait_for_end(killed_id, END_WITHIN_S) in ("FAILED", "OUT_OF_MEMORY")
-    assert step_states(killed_id)[f"{killed_id}.0"] == "OUT_OF_MEMORY"
-    log = work_dir / f"real-hostram-{killed_id}.out"
-    text = log.read_text()
-    assert re.search(
-        rf"^slurmstepd-gpu-0[12]: error: Detected \d+ oom-kill event\(s\) "
-        rf"in StepId={killed_id}\.0\. ",
-        text,
-        re.M,
-    )
-    assert "OutOfMemoryError" not in text  # nothing injected: the kernel did it
-    verdict = diagnose(Evidence(log=scan_log(log)), History())
-    assert verdict.kind is FailureKind.HOST_RAM
-
-    halved_id = submit(work_dir, "real-hostram-fixed", {**env, "NUM_WORKERS": "8"}, mem)
-    assert wait_for_end(halved_id, END_WITHIN_S) == "COMPLETED"
-    assert step_states(halved_id)[f"{halved_id}.0"] == "COMPLETED"
-    fixed = (work_dir / f"real-hostram-fixed-{halved_id}.out").read_text()
-    assert "[real-train] training completed at step 8" in fixed
