@@ -147,6 +147,10 @@ def train_as_rank(rank: int, port: int, output_dir: str, dcp_checkpoint: str) ->
     assert dist.get_world_size() == 2
     assert run.model is not None
     dcp_save({"model": run.model.state_dict()}, checkpoint_id=dcp_checkpoint)
+    # Both leave together: a rank whose peer exits while gloo still holds the pair aborts
+    # ("terminate called without an active exception", exit -6).
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def train_wide_until_killed(output_dir: str) -> None:
