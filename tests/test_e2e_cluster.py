@@ -44,9 +44,10 @@ from tests.e2e import (
 pytestmark = [pytest.mark.cluster]
 
 SICK_NODE = "gpu-03"
-# The healthy scenarios hang for different times after their OOM, so their deaths reach the
-# daemon five seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py). Real runs on 2 cores: one
-# rank per node, on two nodes (four for the optimizer burst, whose fix shards by four).
+# The healthy scenarios that die of a device OOM hang for different times after it, so their
+# deaths reach the daemon five seconds apart (see SLURMCTLD_FORGETS in tests/e2e.py). Real
+# runs on 2 cores: one rank per node, on two nodes (four for the optimizer burst, whose fix
+# shards by four).
 HEALTHY = (
     Scenario(
         "fragmentation", "torchrun", "fragmentation", one_rank_per_node=True, nccl_timeout_s=4
@@ -89,7 +90,10 @@ HEALTHY = (
         # (deploy/devcluster/realtrain/README.md). The kernel's cgroup kills, not the program.
         mem="1500M",
         env={"REALTRAIN_WORKER_MIB": "96"},
-        nccl_timeout_s=29,
+        # A rank whose peer's worker was killed waits in gloo: it must give up well inside the
+        # daemon's wedge grace (30 s), or the wedge check cancels the job and Slurm records
+        # the killed step CANCELLED instead of OUT_OF_MEMORY.
+        nccl_timeout_s=3,
     ),
 )
 # Three nodes of four, one rank each: the lowest-named idle nodes, so gpu-03 is in the first
