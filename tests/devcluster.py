@@ -253,13 +253,37 @@ def user_dir(prefix: str, user: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def sbatch_as(user: str, work_dir: Path, name: str, script: Path) -> str:
+    """Submit `script` as `user` (root's `sbatch --uid`), run from `work_dir`; its job id."""
+    result = process.run(
+        [
+            "sbatch",
+            f"--uid={user}",
+            f"--gid={user}",
+            "--parsable",
+            f"--chdir={work_dir}",
+            f"--job-name={name}",
+            str(script),
+        ],
+        timeout=30,
+        check=True,
+    )
+    return result.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> str | None:
+    """The job's state as slurmctld shows it (None once slurmctld no longer knows the job)."""
+    shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
+    match = re.search(r"\bJobState=(\S+)", shown.stdout)
+    return match.group(1) if match else None
+
+
 def wait_for_end(job_id: str, timeout_s: float) -> str:
     """Poll `scontrol show job` until the job is in a terminal state; that state."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
-        match = re.search(r"\bJobState=(\S+)", shown.stdout)
-        if match and match.group(1) in TERMINAL_STATES:
-            return match.group(1)
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            return state
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not end within {timeout_s} s")

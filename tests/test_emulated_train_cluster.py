@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon import process
-from tests.devcluster import user_dir, wait_for_end
+from tests.devcluster import sbatch_as, user_dir, wait_for_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
 
@@ -37,20 +36,7 @@ def submit(work_dir: Path, name: str, env_line: str, train_args: list[str]) -> s
         f"{env_line}\n"
         f"srun {command}\n"
     )
-    result = process.run(
-        [
-            "sbatch",
-            f"--uid={USER}",
-            f"--gid={USER}",
-            "--parsable",
-            f"--chdir={work_dir}",
-            f"--job-name={name}",
-            str(script),
-        ],
-        timeout=30,
-        check=True,
-    )
-    return result.stdout.strip().split(";")[0]
+    return sbatch_as(USER, work_dir, name, script)
 
 
 def test_fragmentation_wedges_then_fails_and_expandable_segments_resumes_to_the_end(

@@ -7,9 +7,7 @@ nodes), and the injection's hooks in-process. No cluster needed.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import sys
 import traceback
@@ -35,6 +33,7 @@ from daemon.diagnosis import FailureKind, History
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.records import Evidence
 from daemon.rules.dispatch import diagnose
+from tests.loopback_ranks import free_port, loopback_rank_env
 
 REAL_TRAIN = Path(__file__).resolve().parent.parent / "deploy" / "devcluster" / "real-train"
 WORLD = 2
@@ -50,36 +49,9 @@ FAILED_RUN_ENV = {
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def launch_env(rank: int, port: int, extra: dict[str, str]) -> dict[str, str]:
-    """torchrun's variables on loopback; the node list places rank r on modelled node gpu-0r+1."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SLURM", "EMULATION_", "PYTORCH_", "REALTRAIN_"))
-        and key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        SLURMD_NODENAME=f"gpu-0{rank + 1}",
-        SLURM_JOB_NODELIST=f"gpu-[01-0{WORLD}]",
-        DEVCLUSTER_STATE="/nonexistent-devcluster-state",
-        EMULATION_STEP_SECONDS="0",
-        NUM_WORKERS="1",
-        REALTRAIN_WORKER_MIB="8",
-    )
-    env.update(extra)
-    return env
+    pacing = {"EMULATION_STEP_SECONDS": "0", "NUM_WORKERS": "1", "REALTRAIN_WORKER_MIB": "8"}
+    return loopback_rank_env(rank, WORLD, port, **{**pacing, **extra})
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 from realtrain.runner import BANNER
 
-from daemon import process
 from daemon.diagnosis import FailureKind, History
 from daemon.evidence.joblog import scan_log
 from daemon.evidence.records import Evidence
 from daemon.rules.dispatch import diagnose
 from daemon.watch import root_failure_seen
-from tests.devcluster import user_dir, wait_for_end
+from tests.devcluster import job_state, sbatch_as, user_dir, wait_for_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("devcluster")]
 
@@ -56,26 +55,7 @@ def submit(work_dir: Path, name: str, env: dict[str, str]) -> str:
         f"{exports}"
         f"srun {VENV_PYTHON} {REAL_TRAIN}\n"
     )
-    result = process.run(
-        [
-            "sbatch",
-            f"--uid={USER}",
-            f"--gid={USER}",
-            "--parsable",
-            f"--chdir={work_dir}",
-            f"--job-name={name}",
-            str(script),
-        ],
-        timeout=30,
-        check=True,
-    )
-    return result.stdout.strip().split(";")[0]
-
-
-def job_state(job_id: str) -> str:
-    shown = process.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
-    match = re.search(r"\bJobState=(\S+)", shown.stdout)
-    return match.group(1) if match else "UNKNOWN"
+    return sbatch_as(USER, work_dir, name, script)
 
 
 def wait_for_text(path: Path, pattern: re.Pattern[str], timeout_s: float) -> str:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,11 +30,11 @@ from daemon.evidence.joblog import scan_log
 from daemon.evidence.records import Evidence, LogFindings, Phase
 from daemon.rules.dispatch import diagnose
 from daemon.verify import Progress, judge_progress
+from tests.loopback_ranks import free_port, loopback_rank_env
 from tests.test_emulated_train_cli import OOM_LINE, model_oom, to_bytes
 
 REAL_TRAIN = Path(__file__).resolve().parent.parent / "deploy" / "devcluster" / "real-train"
 WORLD = 2
-NODELIST = "gpu-[01-02]"
 GLOO_TIMEOUT_S = 3
 # The fragmentation preset on 2 ranks: the last rank dies at step 4, in the forward's logits.
 FAILING_STEP = 4
@@ -89,34 +87,9 @@ def launch_args(out: Path) -> list[str]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
     """One rank per node, as torchrun under srun would start it."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SLURM", "EMULATION_", "PYTORCH_", "MASTER_"))
-        and key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    }
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        SLURMD_NODENAME=f"gpu-0{rank + 1}",
-        SLURM_JOB_NODELIST=NODELIST,
-        DEVCLUSTER_STATE="/nonexistent-devcluster-state",
-        OMP_NUM_THREADS="1",
-    )
-    env.update(extra)
-    return env
+    return loopback_rank_env(rank, WORLD, port, **{"OMP_NUM_THREADS": "1", **extra})
 
 
 @dataclass(frozen=True)
