@@ -28,7 +28,9 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -40,6 +42,7 @@ from pydantic_settings import (
 
 from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET
 from daemon.evidence.prober import ProbeSettings
+from daemon.fleet.findings import FindingKind
 from daemon.owner_serve import MAX_SCAN_BYTES
 from daemon.slurm.records import JobState
 from daemon.store.settings import StoreSettings
@@ -182,6 +185,65 @@ class VerifySettings(_Section):
     interval_s: float = Field(default=15.0, gt=0, le=3600)
 
 
+class SweepSettings(_Section):
+    """The fleet sweep: off until `enabled`. Every node (or those of `nodes`, a hostlist) is
+    probed once per `interval_s`, each at its own moment of the interval, and each node right
+    after a job on it ends (`after_job`). A finding in `drain_now` drains the node at once, one
+    in `drain_after_job` lets the running job finish (Slurm's DRAINING), anything else is
+    recorded only; the drains count against `policy.max_drains_per_hour` with the incidents'.
+    A node drained for a pending remap returns to service by itself only with `auto_resume`,
+    once the remap is applied and `resume_after_healthy` sweeps in a row found it healthy."""
+
+    enabled: bool = False
+    interval_s: float = Field(default=3600.0, ge=5, le=7 * 86400)
+    after_job: bool = True
+    nodes: str | None = Field(default=None, min_length=1, max_length=4096)
+    drain_now: tuple[FindingKind, ...] = (
+        FindingKind.REMAP_FAILURE,
+        FindingKind.ECC_UNCORRECTABLE_VOLATILE,
+        FindingKind.FALLEN_OFF_BUS,
+        FindingKind.GPU_MISSING,
+        FindingKind.XID_HARDWARE,
+    )
+    drain_after_job: tuple[FindingKind, ...] = (FindingKind.REMAP_PENDING,)
+    auto_resume: bool = False
+    resume_after_healthy: int = Field(default=3, ge=1, le=100)
+
+    @field_validator("drain_after_job")
+    @classmethod
+    def _one_rule_per_finding(
+        cls, value: tuple[FindingKind, ...], info: ValidationInfo
+    ) -> tuple[FindingKind, ...]:
+        both = sorted(set(value) & set(info.data.get("drain_now", ())))
+        if both:
+            raise ValueError(f"{', '.join(both)} cannot be in both drain_now and drain_after_job")
+        if FindingKind.UNREACHABLE in value:
+            raise ValueError("an unreachable node is never drained on that alone")
+        return value
+
+    @field_validator("drain_now")
+    @classmethod
+    def _never_on_silence(cls, value: tuple[FindingKind, ...]) -> tuple[FindingKind, ...]:
+        if FindingKind.UNREACHABLE in value:
+            raise ValueError("an unreachable node is never drained on that alone")
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _hostlist(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from daemon.slurm.errors import SlurmParseError  # noqa: PLC0415
+        from daemon.slurm.hostlist import expand_hostlist  # noqa: PLC0415
+
+        try:
+            if not expand_hostlist(value):
+                raise ValueError("names no node")
+        except SlurmParseError as error:
+            raise ValueError(str(error)) from error
+        return value
+
+
 class Settings(BaseSettings):
     """Everything the daemon is told, validated as one object."""
 
@@ -200,6 +262,7 @@ class Settings(BaseSettings):
     wedge: WedgeSettings = WedgeSettings()
     policy: PolicySettings = PolicySettings()
     verify: VerifySettings = VerifySettings()
+    sweep: SweepSettings = SweepSettings()
     slurm_timeout_s: float = Field(default=30.0, gt=0, le=600)
     # How far back from a log's end its scan may look: the owner's reader opens the log and
     # scans it as `slurm-medic diagnose --log` does, only as far back as the root failure needs,
@@ -223,6 +286,13 @@ class Settings(BaseSettings):
         if groups < 1:
             raise ValueError("needs a group that captures the step number")
         return value
+
+    @model_validator(mode="after")
+    def _sweep_needs_the_probe(self) -> Settings:
+        """A sweep enabled with no way to reach the nodes would sweep nothing, in silence."""
+        if self.sweep.enabled and self.probe is None:
+            raise ValueError("sweep.enabled needs the [probe] section: nodes are swept over SSH")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -3,7 +3,8 @@ transaction, one step's failure logged while the others still run:
 
 reconcile (`submission`: intents a killed submitter left open) -> watch (`watch`: poll finished
 jobs, handle each ended one through `pipeline`; cancel wedged runs) -> act (`actions`) ->
-verify (`verify`) -> expire stale proposals.
+sweep (`fleet`: the nodes due, drained or resumed on policy) -> verify (`verify`) -> expire
+stale proposals.
 
 Only the leader acts: a PostgreSQL advisory lock, or an flock on a file beside the SQLite
 database. APScheduler runs the cycle every poll interval and at once when the epilog hook
@@ -42,6 +43,8 @@ from daemon import process
 from daemon.actions import ActDeps, act_on_approved
 from daemon.config import Settings
 from daemon.evidence.prober import NodeProber
+from daemon.fleet.scheduled import run_scheduled_sweep
+from daemon.fleet.sweep import SweepDeps
 from daemon.gather import JobFiles, OwnerJobFiles
 from daemon.hook import HookError, HookListener, parse_slurm_user
 from daemon.pipeline import DAEMON
@@ -193,6 +196,7 @@ class CycleReport:
     acted: list[Any] = field(default_factory=list)
     followed: list[Any] = field(default_factory=list)
     wedged_cancelled: list[int] = field(default_factory=list)
+    swept: list[Any] = field(default_factory=list)
     expired: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -259,6 +263,7 @@ class Daemon:
                 ("poll", self._step_poll),
                 ("wedged", self._step_wedged),
                 ("act", self._step_act),
+                ("sweep", self._step_sweep),
                 ("verify", self._step_verify),
                 ("expire", self._step_expire),
             ]
@@ -321,6 +326,13 @@ class Daemon:
         report.acted = act_on_approved(session, deps)
         for result in report.acted:
             log.info("acted", extra={"fields": dict(vars(result))})
+
+    def _step_sweep(self, session: Session, report: CycleReport) -> None:
+        """The fleet sweep (`daemon.fleet.scheduled`), when configured and nodes can be probed."""
+        if not self.settings.sweep.enabled or self.prober is None:
+            return
+        deps = SweepDeps(self.settings, self.backend, self.prober, self.clock, DAEMON)
+        report.swept = run_scheduled_sweep(session, deps)
 
     def _step_verify(self, session: Session, report: CycleReport) -> None:
         deps = FollowDeps(self.settings, self.backend, self.files, self.clock)
@@ -458,6 +470,7 @@ class Daemon:
                     "polled": report.polled,
                     "handled": len(report.handled),
                     "acted": len(report.acted),
+                    "swept": len(report.swept),
                     "errors": report.errors,
                     "seconds": round(time.monotonic() - started, 3),
                 }

@@ -33,6 +33,7 @@ TABLES = {
     "template_revision",
     "action",
     "node_event",
+    "node_check",
     "audit_event",
     "cursor",
     "control_flag",

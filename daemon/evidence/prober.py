@@ -121,6 +121,11 @@ class NodeProber:
         self._in_flight: dict[str, Future[RawProbe]] = {}
         self.fetch_count = 0
 
+    @property
+    def catalog(self) -> XidCatalog:
+        """The XID catalog (with the operator's overrides) this prober judges by."""
+        return self._catalog
+
     def probe(
         self, node: str, *, start: datetime | None = None, end: datetime | None = None
     ) -> NodeProbe:

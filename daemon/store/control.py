@@ -24,6 +24,9 @@ def record_node_event(
     occurred_at: datetime | None = None,
     incident_id: int | None = None,
     action_id: int | None = None,
+    actor_name: str | None = None,
+    finding: str | None = None,
+    check_id: int | None = None,
 ) -> NodeEvent:
     event = NodeEvent(
         node=node,
@@ -33,6 +36,9 @@ def record_node_event(
         occurred_at=occurred_at or utc_now(),
         incident_id=incident_id,
         action_id=action_id,
+        actor_name=actor_name,
+        finding=finding,
+        check_id=check_id,
     )
     session.add(event)
     session.flush()

@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
+from daemon.fleet.findings import Health
 from daemon.planner import Outcome
 from daemon.store.states import ProposalState
 from remediators.base import Lever
@@ -114,6 +115,15 @@ class ActionResult(StrEnum):
 class NodeEventKind(StrEnum):
     DRAIN = "drain"
     RESUME = "resume"
+
+
+class CheckTrigger(StrEnum):
+    """Why a node was probed for the fleet."""
+
+    SCHEDULE = "schedule"  # its turn in the daemon's sweep
+    AFTER_JOB = "after_job"  # a job on it just ended
+    COMMAND = "command"  # `slurm-medic sweep`
+    CORDON = "cordon"  # a person's `nodes drain` / `nodes resume`
 
 
 class ActorKind(StrEnum):
@@ -320,6 +330,44 @@ class NodeEvent(Base):
     occurred_at: Mapped[datetime] = mapped_column(default=utc_now)
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incident.id"))
     action_id: Mapped[int | None] = mapped_column(ForeignKey("action.id"))
+    # Who: the daemon's name, or the person behind `nodes drain` / `nodes resume`.
+    actor_name: Mapped[str | None] = mapped_column(String(64))
+    # What decided a sweep's drain (a `FindingKind`), `cordon` for a person's; None for an
+    # incident's drain. Only a sweep's `remap_pending` drain may return to service by itself.
+    finding: Mapped[str | None] = mapped_column(String(32))
+    # The probe at that moment.
+    check_id: Mapped[int | None] = mapped_column(ForeignKey("node_check.id"))
+
+
+class NodeCheck(Base):
+    """One node probed and judged for the fleet (a sweep, the end of a job, a person's cordon),
+    with the policy's decision: the history an admin asks "which nodes had pending remaps"."""
+
+    __tablename__ = "node_check"
+    __table_args__ = (
+        _values_check("trigger", "trigger", CheckTrigger),
+        _values_check("health", "health", Health),
+        Index("ix_node_check_node_id", "node", "id"),
+        Index("ix_node_check_checked_at", "checked_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(255))
+    checked_at: Mapped[datetime] = mapped_column()
+    trigger: Mapped[str] = mapped_column(String(16))
+    health: Mapped[str] = mapped_column(String(16))
+    deciding: Mapped[str] = mapped_column(NulSafeText)
+    # The finding kinds as `,a,b,`: searchable with LIKE on SQLite and PostgreSQL alike.
+    kinds: Mapped[str] = mapped_column(String(512))
+    findings: Mapped[list[Any]] = mapped_column()
+    notes: Mapped[list[Any]] = mapped_column()
+    gpus_seen: Mapped[int] = mapped_column(Integer)
+    gpus_expected: Mapped[int | None] = mapped_column(Integer)
+    running_jobs: Mapped[list[Any]] = mapped_column()
+    after_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    decision: Mapped[str] = mapped_column(String(24))
+    decision_reason: Mapped[str] = mapped_column(NulSafeText)
+    actor_name: Mapped[str] = mapped_column(String(64))
 
 
 class AuditEvent(Base):

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from daemon.fleet.findings import CORDON_FINDING
 from daemon.slurm.records import RejectedRecord, printable
 from daemon.store.models import (
     Action,
@@ -210,6 +211,8 @@ def drains_since(session: Session, *, since: datetime) -> int:
             NodeEvent.kind == NodeEventKind.DRAIN.value,
             NodeEvent.by_medic.is_(True),
             NodeEvent.occurred_at >= since,
+            # A person's cordon is theirs to make: the breaker bounds the daemon's drains.
+            or_(NodeEvent.finding.is_(None), NodeEvent.finding != CORDON_FINDING),
         )
     )
     return int(session.scalar(query) or 0)
