@@ -1,9 +1,10 @@
 """Kernel log lines that matter for a GPU job's death, limited to the job's time window.
 
 Reads `dmesg --time-format iso` (or `journalctl -k -o short-iso`) text: NVIDIA XID lines,
-"fallen off the bus" lines that some drivers print without an XID, and host OOM-killer
-lines (global and memory cgroup). Pure: text in, typed records out. Lines without a
-usable timestamp are kept only when the whole log has none, and the findings say so.
+"fallen off the bus" lines that some drivers print without an XID, `RmInitAdapter failed!`
+lines of a GPU the driver could not bring up (nvidia-smi then does not list it at all), and
+host OOM-killer lines (global and memory cgroup). Pure: text in, typed records out. Lines
+without a usable timestamp are kept only when the whole log has none, and the findings say so.
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ _XID = re.compile(
 )
 _XID_PID = re.compile(r"\bpid=(?P<pid>[0-9]{1,7}\b|'<unknown>')")
 _XID_NAME = re.compile(r"\bname=(?P<name>[^,]{0,64})")
+# The driver's words for "no process": `pid='<unknown>', name=<unknown>`.
+_NO_PROCESS_NAMES = {"<unknown>", "'<unknown>'"}
 _BUS_ADDRESS = re.compile(
     r"\b(?:PCI:)?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\b"
 )
 _FALLEN_OFF = re.compile(r"fallen off the bus", re.IGNORECASE)
+_INIT_FAILED = re.compile(
+    r"NVRM: GPU (?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): RmInitAdapter failed!"
+)
 _KILLED = re.compile(
     r"(?P<cgroup>Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?):"
     r"\s+Kill(?:ed)? process (?P<pid>[0-9]{1,7}) \((?P<name>[^)]{0,64})\)"
@@ -71,14 +77,26 @@ class TimeWindow:
 
 
 @dataclass(frozen=True)
+class GpuInitFailure:
+    """A GPU the driver tried and failed to bring up: no XID, and no nvidia-smi entry either."""
+
+    pci_bus_id: str
+    attempts: int
+    first_time: datetime | None
+    text: str
+
+
+@dataclass(frozen=True)
 class KernelLogFindings:
-    """What the kernel said in the window: XID events, host OOM kills, and reading notes."""
+    """What the kernel said in the window: XID events, host OOM kills, GPUs that failed to
+    initialise, and notes (on the reading, and one per GPU that failed to initialise)."""
 
     xid_events: tuple[XidEvent, ...]
     host_oom_kills: tuple[HostOomKill, ...]
     lines_read: int
     lines_in_window: int
     notes: tuple[str, ...] = ()
+    gpu_init_failures: tuple[GpuInitFailure, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,12 +135,19 @@ def parse_kernel_log(
             notes.append("kernel log lines carry no wall-clock time: the window was not applied")
     xids = _xid_events(selected, catalog)
     kills = _oom_kills(selected)
+    init_failures = _init_failures(selected)
+    notes.extend(
+        f"GPU {failure.pci_bus_id} failed to initialise (RmInitAdapter failed "
+        f"x{failure.attempts}): the driver does not list it"
+        for failure in init_failures
+    )
     return KernelLogFindings(
         xid_events=xids,
         host_oom_kills=kills,
         lines_read=len(lines),
         lines_in_window=len(selected),
         notes=tuple(notes),
+        gpu_init_failures=init_failures,
     )
 
 
@@ -202,12 +227,32 @@ def _bus_near(lines: list[_Line], index: int) -> str | None:
     return None
 
 
+def _init_failures(lines: Iterable[_Line]) -> tuple[GpuInitFailure, ...]:
+    """One record per GPU: the driver retries the same GPU on every open of the device."""
+    failures: dict[str, GpuInitFailure] = {}
+    for line in lines:
+        match = _INIT_FAILED.search(line.text)
+        if match is None:
+            continue
+        pci = match.group("pci").lower()
+        first = failures.get(pci)
+        failures[pci] = GpuInitFailure(
+            pci_bus_id=pci,
+            attempts=(first.attempts if first else 0) + 1,
+            first_time=first.first_time if first else line.time,
+            text=first.text if first else line.text,
+        )
+    return tuple(failures.values())
+
+
 def _event(catalog: XidCatalog, code: int, pci: str | None, line: _Line, rest: str) -> XidEvent:
     entry = catalog.entry(code)
     pid_match = _XID_PID.search(rest)
     pid = _pid(pid_match.group("pid")) if pid_match else None
     name_match = _XID_NAME.search(rest)
     name = name_match.group("name").strip() if name_match else None
+    if name in _NO_PROCESS_NAMES:
+        name = None
     return XidEvent(
         code=code,
         pci_bus_id=pci,

@@ -7,6 +7,8 @@
 - `--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader`
 
 "N/A", "[Not Supported]" and friends are normal values and read as None, never as errors.
+A GPU the driver holds but cannot reach (`Unable to determine the device handle for GPU ...`,
+printed where its block or row would be) is named in the error, wherever it appears.
 Anything else the parsers cannot read raises `NvidiaSmiParseError` naming the line, the only
 error they raise: a node's GPU state read in part is not read, so one bad line fails the
 whole output (the probe then calls the node unreadable, never healthy). Numbers are ASCII
@@ -50,6 +52,14 @@ _GPU_HEADER = re.compile(r"GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-
 # 2**30 MiB is an exbibyte: no GPU's memory, and its bytes fit in 64 bits.
 _MEMORY = re.compile(r"(?P<n>[0-9]{1,10})\s*MiB")
 _MAX_MIB = 2**30
+# What nvidia-smi prints in place of a GPU it cannot query (fallen off the bus, lost, needing a
+# reset). Drivers name the GPU by bus id (`GPU 0000:0B:00.0`, `GPU0000:20:00.0`), by index and
+# bus id (`GPU1: 0000:34:00.0`) or by index alone (`GPU1`); the reason follows the last colon.
+_UNREACHABLE_GPU = re.compile(
+    r"Unable to determine the device handle for GPU ?(?:(?P<index>[0-9]{1,3}): ?)?"
+    r"(?:(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): ?)?(?P<reason>.{0,200})",
+    re.IGNORECASE,
+)
 
 
 class NvidiaSmiParseError(ValueError):
@@ -95,6 +105,23 @@ class ComputeAppRow:
     used_bytes: int | None
 
 
+@dataclass(frozen=True)
+class UnreachableGpu:
+    """A GPU nvidia-smi knows of but cannot query; its state is unknown, never healthy."""
+
+    index: int | None
+    pci_bus_id: str | None
+    reason: str
+
+    def describe(self) -> str:
+        """`GPU 1 (0000:34:00.0)`, or whichever of the two the driver printed."""
+        if self.index is not None and self.pci_bus_id is not None:
+            return f"GPU {self.index} ({self.pci_bus_id})"
+        if self.index is not None:
+            return f"GPU {self.index}"
+        return f"GPU {self.pci_bus_id or '?'}"
+
+
 @dataclass
 class _Node:
     children: dict[str, _Node] = field(default_factory=dict)
@@ -107,6 +134,16 @@ def normalise_bus_id(bus_id: str) -> str:
     return f"{domain[-4:].rjust(4, '0')}:{rest}".lower()
 
 
+def find_unreachable_gpus(text: str) -> tuple[UnreachableGpu, ...]:
+    """The GPUs any nvidia-smi output says it cannot reach, in order; total, never raises."""
+    found = []
+    for line in text.split("\n")[:MAX_QUERY_LINES]:
+        gpu = _unreachable(line[:MAX_LINE_CHARS])
+        if gpu is not None:
+            found.append(gpu)
+    return tuple(found)
+
+
 def parse_query(text: str) -> tuple[GpuMemoryHealth, ...]:
     """Read the per-GPU blocks of `nvidia-smi -q -d ...`; a GPU header starts each block."""
     blocks: list[tuple[str, list[str]]] = []
@@ -116,6 +153,7 @@ def parse_query(text: str) -> tuple[GpuMemoryHealth, ...]:
             continue
         if len(line) > MAX_LINE_CHARS:
             raise NvidiaSmiParseError(f"line {number} is longer than {MAX_LINE_CHARS} characters")
+        _refuse_unreachable(line, number)
         header = _GPU_HEADER.fullmatch(line)
         if header is not None:
             if len(blocks) >= MAX_GPUS:
@@ -138,6 +176,7 @@ def parse_gpu_rows(text: str) -> tuple[GpuQueryRow, ...]:
             raise NvidiaSmiParseError(
                 f"query-gpu line {number} is longer than {MAX_LINE_CHARS} characters"
             )
+        _refuse_unreachable(line, number)
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) != 5:
             raise NvidiaSmiParseError(f"query-gpu line {number} has {len(cells)} fields, not 5")
@@ -162,6 +201,7 @@ def parse_compute_apps(text: str) -> tuple[ComputeAppRow, ...]:
     for number, line in _csv_lines(text):
         if line.strip().lower().startswith("no running"):
             continue
+        _refuse_unreachable(line[:MAX_LINE_CHARS], number)
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) < 4:
             raise NvidiaSmiParseError(f"compute-apps line {number} has {len(cells)} fields, not 4")
@@ -181,6 +221,27 @@ def parse_compute_apps(text: str) -> tuple[ComputeAppRow, ...]:
             )
         )
     return tuple(rows)
+
+
+def _unreachable(line: str) -> UnreachableGpu | None:
+    match = _UNREACHABLE_GPU.match(line.strip())
+    if match is None:
+        return None
+    index = match.group("index")
+    return UnreachableGpu(
+        index=int(index) if index is not None else None,
+        pci_bus_id=match.group("bus"),
+        reason=match.group("reason").strip() or "no reason given",
+    )
+
+
+def _refuse_unreachable(line: str, number: int) -> None:
+    """A GPU nvidia-smi cannot reach leaves the node's GPU state unread, whatever else printed."""
+    gpu = _unreachable(line)
+    if gpu is not None:
+        raise NvidiaSmiParseError(
+            f"line {number}: nvidia-smi cannot reach {gpu.describe()}: {gpu.reason}"
+        )
 
 
 def _csv_lines(text: str) -> list[tuple[int, str]]:

@@ -27,6 +27,7 @@ from daemon.evidence.nvidia_smi import (
     GpuMemoryHealth,
     GpuQueryRow,
     NvidiaSmiParseError,
+    find_unreachable_gpus,
     normalise_bus_id,
     parse_compute_apps,
     parse_gpu_rows,
@@ -139,6 +140,7 @@ def interpret_probe(
         node,
         probed_at=probed_at,
         gpus=gpus,
+        lost=_lost_gpus(document.tools),
         kernel=kernel,
         catalog=catalog,
         problems=problems,
@@ -244,6 +246,16 @@ def _gpus(tools: Mapping[str, ToolOutput], problems: list[str]) -> tuple[GpuHeal
     return tuple(merged)
 
 
+def _lost_gpus(tools: Mapping[str, ToolOutput]) -> tuple[str, ...]:
+    """GPUs any nvidia-smi run said it cannot reach, whatever its exit status (it fails then)."""
+    lost: dict[str, None] = {}
+    for name in ("gpu_health", "gpus", "compute_apps"):
+        tool = tools[name]
+        for gpu in find_unreachable_gpus(f"{tool.stdout}\n{tool.stderr}"):
+            lost[f"{gpu.describe()}: {gpu.reason}"] = None
+    return tuple(lost)
+
+
 def _merge(
     index: int,
     row: GpuQueryRow | None,
@@ -275,6 +287,7 @@ def _judge(
     *,
     probed_at: datetime,
     gpus: tuple[GpuHealth, ...] | None,
+    lost: tuple[str, ...],
     kernel: KernelLogFindings | None,
     catalog: XidCatalog,
     problems: list[str],
@@ -286,6 +299,7 @@ def _judge(
     notes: list[str] = []
     xids = kernel.xid_events if kernel else ()
     _judge_xids(xids, catalog, faulty, degraded, notes)
+    faulty.extend(f"nvidia-smi cannot reach {gpu}: lost to the driver" for gpu in lost)
     for gpu in gpus or ():
         _judge_gpu(gpu, cotenant_min_bytes, faulty, degraded)
     for kill in kernel.host_oom_kills if kernel else ():
@@ -316,6 +330,7 @@ def _judge(
             xid_events=xids,
             host_oom_kills=kernel.host_oom_kills if kernel else (),
             error=error,
+            lost_gpus=lost,
         )
     elif degraded:
         verdict, reasons = ProbeVerdict.DEGRADED, degraded + notes
@@ -335,6 +350,7 @@ def _judge(
         gpus=gpus or (),
         xid_events=xids,
         host_oom_kills=kernel.host_oom_kills if kernel else (),
+        lost_gpus=lost,
     )
 
 

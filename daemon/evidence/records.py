@@ -226,6 +226,9 @@ class NodeProbe:
     xid_events: tuple[XidEvent, ...] = ()
     host_oom_kills: tuple[HostOomKill, ...] = ()
     error: str | None = None  # why it is unreachable or unreadable
+    # GPUs nvidia-smi named but could not reach (`Unable to determine the device handle`), each
+    # as `GPU 1 (0000:34:00.0): Unknown Error`: lost to the driver, whatever else was read.
+    lost_gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
