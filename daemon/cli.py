@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "db": "daemon.commands.db:db",
     "diagnose": "daemon.commands.diagnose:diagnose_command",
     "history": "daemon.commands.record_views:history_command",
-    "nodes": "daemon.commands.people:nodes_group",
+    "nodes": "daemon.commands.nodes:nodes_group",
     "pause": "daemon.commands.people:pause_command",
     "probe": "daemon.commands.probe:probe_command",
     "reject": "daemon.commands.people:reject_command",
@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "status": "daemon.commands.record_views:status_command",
     "run": "daemon.commands.run:run_command",
     "submit": "daemon.commands.submit:submit_command",
+    "sweep": "daemon.commands.sweep:sweep_command",
     "template": "daemon.commands.template:template_group",
 }
 

@@ -459,6 +459,10 @@ def test_nodes_lists_medic_drains_and_refuses_to_resume_others(
     assert "no slurm-medic drain of gpu-04" in refused.output
     assert _cli(seeded, "nodes", "resume", "-gpu-03").exit_code == 2
     assert _cli(seeded, "nodes", "resume", "gpu-03", sudo_uid=ALICE_UID).exit_code == 3
+    refused_resume = _audit(seeded, empty_db_engine, "node_resume_refused")
+    assert [(event.actor_name, event.subject_id) for event in refused_resume] == [
+        ("alice", "gpu-03")
+    ]
 
 
 # ---------------------------------------------------------------- a record that cannot be used

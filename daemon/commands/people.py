@@ -1,4 +1,5 @@
-"""The commands for people that act: approve, reject, pause, resume, nodes.
+"""The commands for people that act: approve, reject, pause, resume (and `nodes`' admin
+helpers: who is asking and on what authority).
 
 Each writes the record through the repository functions and says what it did, for a person
 or, with `--json`, for a script; the commands that only read (status, history, show) are
@@ -23,15 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import click
+from sqlalchemy.orm import Session
 
 from daemon.commands.context import CommandContext, record_options, say
-from daemon.commands.record_views import drain_document, print_drains
 from daemon.config import Settings, sudo_caller
-from daemon.effects import perform
-from daemon.slurm.scontrol import resume_argv, validate_node_name
 from daemon.store import control
 from daemon.store import repository as repo
-from daemon.store.models import ActionKind, Incident, NodeEventKind, Proposal
+from daemon.store.models import Incident, Proposal
 from daemon.store.states import IllegalTransition, ProposalState
 
 
@@ -202,14 +201,42 @@ def reject_command(
     )
 
 
-# ---------------------------------------------------------------- pause and nodes
+# ---------------------------------------------------------------- admins and the pause
 
 
-def _require_admin(person: Person, settings: Settings, what: str) -> str:
+def require_admin(person: Person, settings: Settings, what: str) -> str:
+    """The grounds of an admin (root or policy.admin_groups), else NotAllowed."""
     grounds = authority(person, owner=None, settings=settings)
     if grounds is None:
         raise NotAllowed(f"{person.name} may not {what}: root or policy.admin_groups only")
     return grounds
+
+
+def require_admin_on_record(
+    session: Session,
+    person: Person,
+    settings: Settings,
+    *,
+    what: str,
+    verb: str,
+    subject: str,
+    details: Mapping[str, object] | None = None,
+) -> str:
+    """As `require_admin` for what touches nodes: a refusal is an audit event naming the person,
+    committed before the command ends, so an admin can see who tried."""
+    try:
+        return require_admin(person, settings, what)
+    except NotAllowed:
+        repo.append_audit(
+            session,
+            actor=person.actor,
+            verb=verb,
+            subject_type="node",
+            subject_id=subject,
+            details={**(details or {}), "reason": "neither root nor in policy.admin_groups"},
+        )
+        session.commit()
+        raise
 
 
 def _set_pause(
@@ -217,7 +244,7 @@ def _set_pause(
 ) -> None:
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
-    _require_admin(person, context.settings, "pause or resume slurm-medic")
+    require_admin(person, context.settings, "pause or resume slurm-medic")
     with context.session() as session:
         control.set_paused(session, paused=paused, actor=person.actor, reason=why)
         session.commit()
@@ -244,62 +271,3 @@ def resume_command(
 ) -> None:
     """Lift the pause."""
     _set_pause(False, why, config_path, database_url, as_json)
-
-
-@click.group("nodes", invoke_without_command=True)
-@record_options
-@click.pass_context
-def nodes_group(
-    click_context: click.Context, config_path: str | None, database_url: str | None, as_json: bool
-) -> None:
-    """Nodes drained by slurm-medic and still drained; `nodes resume NODE` clears one."""
-    if click_context.invoked_subcommand is not None:
-        return
-    context = CommandContext.load(config_path, database_url, as_json=as_json)
-    with context.session(read_only=True) as session:
-        drains = [drain_document(event) for event in control.drains_in_force(session)]
-    context.emit({"drains": drains}, lambda console, shown: print_drains(console, shown["drains"]))
-
-
-@nodes_group.command("resume")
-@click.argument("node")
-@click.option("--why", default="", help="The reason, for the record.")
-@record_options
-def nodes_resume_command(
-    node: str, why: str, config_path: str | None, database_url: str | None, as_json: bool
-) -> None:
-    """Return a node slurm-medic drained to service (never a drain someone else set)."""
-    try:
-        validate_node_name(node)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="NODE") from error
-    context = CommandContext.load(config_path, database_url, as_json=as_json)
-    person = invoking_person()
-    _require_admin(person, context.settings, "resume a node")
-    with context.session() as session:
-        if node not in {event.node for event in control.drains_in_force(session)}:
-            raise NotAllowed(f"the record holds no slurm-medic drain of {node} in force")
-        argv = resume_argv(node)
-        slurm = context.slurm()
-        done = perform(
-            session,
-            kind=ActionKind.RESUME,
-            argv=argv,
-            actor=person.actor,
-            run=lambda: slurm.resume(node),
-            node=node,
-        )
-        if done.error is not None:
-            raise click.ClickException(f"{node} not resumed: {done.error}") from done.error
-        action = done.action
-        control.record_node_event(
-            session,
-            node=node,
-            kind=NodeEventKind.RESUME,
-            by_medic=True,
-            reason=f"resumed by {person.name}" + (f": {why}" if why else ""),
-            action_id=action.id,
-        )
-        session.commit()
-    document = {"node": node, "resumed": True, "by": person.name, "action": action.id}
-    context.emit(document, say(lambda _: f"{node} resumed"))

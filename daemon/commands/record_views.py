@@ -1,9 +1,9 @@
-"""The commands that read the record for people: status, history, show.
+"""The commands that read the record for people: status, history, show (a run or a node).
 
 Each reads through the repository functions and prints a table or a story for a person or,
 with `--json`, one JSON document for a script; either way every string from the record is
 printed inertly (`terminal`). Apart from the commands that act (`people`: approve, reject,
-pause, resume, nodes) because reading needs no identity, authority or audit event.
+pause, resume; `nodes`) because reading needs no identity, authority or audit event.
 
 Exit codes: 0 done; 1 not in the record, or a config that cannot be read; 2 usage; 4 the
 record cannot be used (missing, unreachable, locked, corrupt, or at another schema).
@@ -19,10 +19,11 @@ import click
 from rich.console import Console
 from sqlalchemy.orm import Session
 
-from daemon.commands import story
+from daemon.commands import node_views, story
 from daemon.commands.context import CommandContext, record_options
 from daemon.diagnosis import FailureKind
-from daemon.store import control, queries
+from daemon.slurm.scontrol import validate_node_name
+from daemon.store import control, node_records, queries
 from daemon.store import repository as repo
 from daemon.store.models import Incident, NodeEvent, Proposal
 
@@ -94,6 +95,9 @@ def drain_document(event: NodeEvent) -> dict[str, Any]:
         "reason": event.reason,
         "at": story.when(event.occurred_at),
         "incident": event.incident_id,
+        "by": event.actor_name,
+        "finding": event.finding,
+        "check": event.check_id,
     }
 
 
@@ -256,15 +260,17 @@ def _history_table(rows: list[dict[str, Any]]) -> Any:
 
 
 @click.command("show")
-@click.argument("reference", metavar="LINEAGE|JOB")
+@click.argument("reference", metavar="LINEAGE|JOB|NODE")
 @record_options
 def show_command(
     reference: str, config_path: str | None, database_url: str | None, as_json: bool
 ) -> None:
-    """The whole story of a run: `L12` for lineage 12, or a Slurm job id (its lineage's story).
+    """The whole story of a run: `L12` for lineage 12, or a Slurm job id (its lineage's story);
+    or of a node, by its name.
 
-    Each attempt, the evidence, the diagnosis and its reasons, the proposal and the diff
-    that was applied, who decided and why, and the outcome.
+    A run's: each attempt, the evidence, the diagnosis and its reasons, the proposal and the
+    diff that was applied, who decided and why, and the outcome. A node's: each check, drain
+    and resume (who, why, on what finding) and each incident whose failing node it was.
     """
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
@@ -276,14 +282,26 @@ def show_command(
                 raise click.ClickException(
                     f"no lineage {lineage.group(1)} in the record"
                 ) from error
-        else:
-            job = _JOB_REF.match(reference.strip())
-            if not job:
-                raise click.BadParameter(
-                    f"{reference!r} is neither a lineage (L12) nor a job id", param_hint="REFERENCE"
-                )
+        elif job := _JOB_REF.match(reference.strip()):
             found = story.job_document(session, slurm_job_id=int(job.group(1)))
             if found is None:
                 raise click.ClickException(f"job {job.group(1)} is not in the record")
             document = found
+        else:
+            node = _node_name(reference.strip())
+            node_story = node_records.node_story(session, node)
+            if node_views.is_empty(node_story):
+                raise click.ClickException(f"no node {node} in the record")
+            context.emit(node_views.story_document(node_story), node_views.print_node_story)
+            return
     context.emit(document, story.print_story)
+
+
+def _node_name(reference: str) -> str:
+    try:
+        return validate_node_name(reference)
+    except ValueError as error:
+        raise click.BadParameter(
+            f"{reference!r} is neither a lineage (L12), a job id nor a node name",
+            param_hint="REFERENCE",
+        ) from error
