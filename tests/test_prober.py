@@ -74,6 +74,16 @@ def test_cache_serves_within_ttl_and_refetches_after(settings: ProbeSettings) ->
     assert fetch.calls == ["gpu-01", "gpu-01"]
 
 
+def test_a_fresh_probe_fetches_past_the_cache_and_refills_it(settings: ProbeSettings) -> None:
+    """A sweep's check is of now; an incident's probe a moment later may reuse it."""
+    fetch = FakeFetch()
+    prober = NodeProber(settings.model_copy(update={"cache_ttl_s": 3600}), fetch=fetch)
+    prober.probe("gpu-01")
+    prober.probe_many([ProbeRequest("gpu-01")], fresh=True)
+    assert fetch.calls == ["gpu-01", "gpu-01"]
+    prober.probe("gpu-01")
+    assert fetch.calls == ["gpu-01", "gpu-01"]
+
 def test_concurrency_is_bounded(settings: ProbeSettings) -> None:
     fetch = FakeFetch(delay=0.05)
     prober = NodeProber(settings.model_copy(update={"concurrency": 3}), fetch=fetch)

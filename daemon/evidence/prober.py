@@ -132,23 +132,27 @@ class NodeProber:
         """One node, one job window."""
         return self.probe_many([ProbeRequest(node, start, end)])[0]
 
-    def probe_many(self, requests: Sequence[ProbeRequest]) -> list[NodeProbe]:
-        """Each request judged; each distinct node fetched at most once (or not, if cached)."""
+    def probe_many(
+        self, requests: Sequence[ProbeRequest], *, fresh: bool = False
+    ) -> list[NodeProbe]:
+        """Each request judged; each distinct node fetched at most once (or not, if cached).
+        `fresh` fetches past the cache: a sweep's check must be of now, or a node would be
+        checked again each cycle on the same old document."""
         nodes = list(dict.fromkeys(request.node for request in requests))
         for node in nodes:
             if not NODE_NAME.fullmatch(node):
                 raise ValueError(f"not a node name: {node[:80]!a}")
-        raws = self._raw_for(nodes)
+        raws = self._raw_for(nodes, fresh=fresh)
         return [self._judge(raws[request.node], request) for request in requests]
 
-    def _raw_for(self, nodes: list[str]) -> dict[str, RawProbe]:
+    def _raw_for(self, nodes: list[str], *, fresh: bool) -> dict[str, RawProbe]:
         results: dict[str, RawProbe] = {}
         futures: dict[str, Future[RawProbe]] = {}
         to_fetch: list[tuple[str, Future[RawProbe]]] = []
         now = time.monotonic()
         with self._lock:
             for node in nodes:
-                cached = self._cache.get(node)
+                cached = None if fresh else self._cache.get(node)
                 if cached is not None and now - cached[0] <= self._settings.cache_ttl_s:
                     results[node] = cached[1]
                 elif node in self._in_flight:

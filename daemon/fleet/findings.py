@@ -26,10 +26,11 @@ from daemon.evidence.xid import XidCatalog
 XID_FALLEN_OFF_BUS = 79
 # The `finding` a person's drain (`nodes drain`) is recorded with, beside the sweep's kinds.
 CORDON_FINDING = "cordon"
-# One gres entry of `scontrol show node`: `gpu:8`, `gpu:a100:8`, `gpu:a100:8(S:0-1)`.
-_GRES_ENTRY = re.compile(r"gpu(?::[^:,()]+)?:([0-9]{1,6})(?:\([^()]*\))?\Z")
-# Entries are comma separated, but a socket list has commas of its own: `gpu:a100:8(S:0,1)`.
-_GRES_SEPARATOR = re.compile(r",(?![^()]*\))")
+# One gres entry of `scontrol show node`, its socket list left out: `gpu:8`, `gpu:a100:8`.
+_GRES_ENTRY = re.compile(r"gpu(?::[^:,()]+)?:([0-9]{1,6})\Z")
+# A socket list (`gpu:a100:8(S:0-1)`) says where the GPUs are, not how many, and its commas
+# (`(S:0,1)`) do not separate entries.
+_GRES_SOCKETS = re.compile(r"\([^()]*\)")
 
 
 class Health(StrEnum):
@@ -92,7 +93,7 @@ def gres_gpu_count(gres: str | None) -> int | None:
         return None
     total = 0
     seen = False
-    for entry in (part.strip() for part in _GRES_SEPARATOR.split(gres)):
+    for entry in (part.strip() for part in _GRES_SOCKETS.sub("", gres).split(",")):
         if entry.partition(":")[0] != "gpu":  # `mps:100`, `shard:8`, a site's `gpumem:...`
             continue
         match = _GRES_ENTRY.match(entry)
@@ -126,10 +127,12 @@ def judge_node(
             gpus_expected=gpus_expected,
             running_jobs=jobs,
         )
+    # The cards' own state first: at equal severity it names the GPU and what is wrong with it,
+    # where an XID names only the bus it was logged on.
     findings: list[Finding] = []
-    findings.extend(_xid_findings(probe.xid_events, catalog))
     for gpu in probe.gpus:
         findings.extend(_gpu_findings(gpu, cotenant_min_bytes, busy=bool(jobs)))
+    findings.extend(_xid_findings(probe.xid_events, catalog))
     findings.extend(
         Finding(
             FindingKind.GPU_MISSING,

@@ -105,7 +105,7 @@ def sweep(
     slurm = {node.name: node for node in deps.backend.nodes()}
     running = running_by_node(deps.backend.running_jobs())
     probes = deps.prober.probe_many(
-        [ProbeRequest(target.node, target.window_start) for target in targets]
+        [ProbeRequest(target.node, target.window_start) for target in targets], fresh=True
     )
     in_force = {event.node: event for event in control.drains_in_force(session)}
     drains = records.drains_since(session, since=deps.clock() - BREAKER_WINDOW)
