@@ -236,7 +236,7 @@ def test_sweep_names_each_node_health_and_why_and_drains_nothing(fleet: Fleet) -
     assert "degraded" in lines["gpu-03"]
     assert "pid 31337 (python3) holds 30.00 GiB outside any job" in lines["gpu-03"]
     assert "record: policy drains for none of: cotenant" in lines["gpu-03"]
-    assert "XID 64 (GPU memory remapping failure)" in lines["gpu-04"]
+    assert "GPU 5 (00000000:90:00.0): row remapping failure occurred" in lines["gpu-04"]
     assert "held: would drain_now" in lines["gpu-04"]
     assert "1 healthy, 1 degraded, 2 faulty, 0 unreachable" in result.output
     assert fleet.slurm.drained == []
@@ -320,11 +320,11 @@ def test_sweep_drain_drains_as_policy_says(fleet: Fleet) -> None:
     assert [node for node, _ in fleet.slurm.drained] == ["gpu-02", "gpu-04"]
     reasons = [reason for _, reason in fleet.slurm.drained]
     assert reasons[0].startswith("medic: sweep: GPU 2 (00000000:47:00.0): row remap pending")
-    assert reasons[1].startswith("medic: sweep: XID 64 (GPU memory remapping failure)")
+    assert reasons[1].startswith("medic: sweep: GPU 5 (00000000:90:00.0): row remapping failure")
     events = fleet.rows(NodeEvent)
     assert [(e.node, e.finding, e.actor_name) for e in events] == [
         ("gpu-02", "remap_pending", "root"),
-        ("gpu-04", "xid_hardware", "root"),
+        ("gpu-04", "remap_failure", "root"),
     ]
     assert [e.check_id for e in events] == [
         document["nodes"][1]["check"],
