@@ -1,8 +1,9 @@
 """`make demo`: slurm-medic closing the loop on the local cluster, over real training runs.
 
 Brings the cluster up, prepares a fresh record, starts `slurm-medic run`, then, as alice, four
-stages whose jobs are real PyTorch runs (deploy/devcluster/real-train: torch and transformers
-on the CPU, DDP over gloo across the namespace nodes, real checkpoints and resumes):
+stages whose jobs are real PyTorch runs (deploy/devcluster/real-train: torch on the CPU, with
+transformers' Trainer for the HF stage, DDP over gloo across the namespace nodes, real
+checkpoints and resumes):
 
 1. the HF Trainer dies of fragmentation on one rank while the other hangs in the real gloo
    collective; the daemon cancels the wedged run, applies the allocator fix by policy and the
@@ -83,8 +84,8 @@ HF_SAVE_STEPS = 2
 # job's --mem and 8 (~1.5 GiB) stay well under it.
 WORKER_MIB = 128
 HOST_RAM_MEM = "2000M"
-# One rank per node (and a --gres to match): every rank imports torch and transformers, seconds
-# of CPU each, and the machine has two cores for all the runs at once.
+# One rank per node (and a --gres to match): every rank imports torch (and the HF stage's
+# transformers), seconds of CPU each, and the machine has two cores for all the runs at once.
 ONE_RANK = {"gpus_per_node": "1"}
 
 FRAGMENTATION = Scenario(

@@ -23,9 +23,11 @@ from emulation.model import GIB, AllocKind, OomEvent, Phase
 from emulation.runner import find_failure, resolve_settings
 from emulation.settings import Settings
 from emulation.topology import NodeFixture, placement_from_env
-from realtrain.data import SyntheticTokens, tiny_model
+from realtrain.data import SyntheticTokens
 from realtrain.distributed import master_port_for, rank_env
+from realtrain.hf import tiny_gpt2
 from realtrain.injection import Injection, arm, plan_injection
+from realtrain.model import TinyGPT, tiny_gpt
 from realtrain.runner import BANNER
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
@@ -120,9 +122,10 @@ def test_the_modelled_rank_dies_of_the_injected_oom_in_real_frames(
     assert f"[rank1]: {oom_message(oom, device=0, cotenant_pid=None)}" in lines
     assert lines[0] == "[rank1]: Traceback (most recent call last):"
     trace = "\n".join(lines)
-    # Real frames: DDP's forward, GPT-2's LM head, the module call that ran the hook.
+    # Real frames: DDP's forward, the torch.nn GPT-2's LM head, the module call that ran the hook.
     assert re.search(r'torch/nn/parallel/distributed\.py", line \d+, in _run_ddp_forward', trace)
-    assert re.search(r'transformers/models/gpt2/modeling_gpt2\.py", line \d+, in forward', trace)
+    assert re.search(r'realtrain/model\.py", line \d+, in forward', trace)
+    assert "transformers/" not in trace
     assert "[rank1]:     logits = self.lm_head(hidden_states)" in lines
     assert [step for step in losses(survivor.stdout)] == [1, 2, 3]
 
@@ -249,29 +252,58 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, phase: Phase
     if phase is Phase.EVAL:
         model.eval()
         with torch.no_grad():
-            model.generate(input_ids=rows[:, :8], max_new_tokens=2, do_sample=False)  # type: ignore[operator]
+            if isinstance(model, TinyGPT):
+                model.generate(input_ids=rows[:, :8], max_new_tokens=2)
+            else:
+                model.generate(input_ids=rows[:, :8], max_new_tokens=2, do_sample=False)  # type: ignore[operator]
         model.train()
         return
     model(input_ids=rows, labels=rows).loss.backward()
     optimizer.step()
 
 
-@pytest.mark.parametrize(
-    ("phase", "kind", "real_frame"),
-    [
-        (Phase.FORWARD, AllocKind.ATTENTION, "attn_output, _ = self.attn("),
-        (Phase.FORWARD, AllocKind.LINEAR, "feed_forward_hidden_states = self.mlp("),
-        (Phase.FORWARD, AllocKind.LOGITS, "logits = self.lm_head(hidden_states)"),
-        (Phase.BACKWARD, AllocKind.ACTIVATION_GRAD, "return Variable._execution_engine"),
-        (Phase.OPTIMIZER, AllocKind.ADAM_UPDATE, "result = pre_hook(self, args, kwargs)"),
-        (Phase.EVAL, AllocKind.KV_CACHE, "outputs = self._prefill("),
-        (Phase.SETUP, AllocKind.WEIGHTS, "args_result = hook(self, args)"),
-    ],
+# The frame each phase's OOM is raised under: the torchrun dialect's torch.nn GPT-2, and
+# transformers' GPT-2, which the hf dialect's Trainer runs.
+TORCH_FRAMES = {
+    AllocKind.ATTENTION: "attn_output: torch.Tensor = self.attn(self.ln_1(hidden_states))",
+    AllocKind.LINEAR: "feed_forward_hidden_states: torch.Tensor = self.mlp(self.ln_2(",
+    AllocKind.KV_CACHE: "logits = self(input_ids=tokens[:, -self.positions :]).logits",
+}
+HF_FRAMES = {
+    AllocKind.ATTENTION: "attn_output, _ = self.attn(",
+    AllocKind.LINEAR: "feed_forward_hidden_states = self.mlp(",
+    AllocKind.KV_CACHE: "outputs = self._prefill(",
+}
+SHARED_FRAMES = {
+    AllocKind.LOGITS: "logits = self.lm_head(hidden_states)",
+    AllocKind.ACTIVATION_GRAD: "return Variable._execution_engine",
+    AllocKind.ADAM_UPDATE: "result = pre_hook(self, args, kwargs)",
+    AllocKind.WEIGHTS: "args_result = hook(self, args)",
+}
+PHASE_KINDS = (
+    (Phase.FORWARD, AllocKind.ATTENTION),
+    (Phase.FORWARD, AllocKind.LINEAR),
+    (Phase.FORWARD, AllocKind.LOGITS),
+    (Phase.BACKWARD, AllocKind.ACTIVATION_GRAD),
+    (Phase.OPTIMIZER, AllocKind.ADAM_UPDATE),
+    (Phase.EVAL, AllocKind.KV_CACHE),
+    (Phase.SETUP, AllocKind.WEIGHTS),
 )
+
+
+@pytest.mark.parametrize(
+    ("make_model", "frames"),
+    [(tiny_gpt, {**TORCH_FRAMES, **SHARED_FRAMES}), (tiny_gpt2, {**HF_FRAMES, **SHARED_FRAMES})],
+    ids=["torchrun", "hf"],
+)
+@pytest.mark.parametrize(("phase", "kind"), PHASE_KINDS)
 def test_each_phase_raises_from_inside_its_real_call_at_its_step_only(
-    phase: Phase, kind: AllocKind, real_frame: str
+    make_model: Callable[[], torch.nn.Module],
+    frames: dict[AllocKind, str],
+    phase: Phase,
+    kind: AllocKind,
 ) -> None:
-    model = tiny_model()
+    model = make_model()
     optimizer = torch.optim.AdamW(model.parameters())
     step = [1]
     current: Callable[[], int] = lambda: step[0]  # noqa: E731
@@ -280,16 +312,31 @@ def test_each_phase_raises_from_inside_its_real_call_at_its_step_only(
     step[0] = 2
     with pytest.raises(torch.OutOfMemoryError, match=r"^CUDA out of memory\. Tried\Z") as caught:
         _step(model, optimizer, phase)
-    assert real_frame in "".join(traceback.format_tb(caught.value.__traceback__))
+    assert frames[kind] in "".join(traceback.format_tb(caught.value.__traceback__))
 
 
 def test_other_ranks_are_never_armed() -> None:
-    model = tiny_model()
+    model = tiny_gpt()
     optimizer = torch.optim.AdamW(model.parameters())
     injection = Injection(1, 1, Phase.FORWARD, AllocKind.LOGITS, "CUDA out of memory.")
     arm(model, optimizer, injection, 0, lambda: 1)
     _step(model, optimizer, Phase.FORWARD)
     assert not model.lm_head._forward_hooks
+
+
+def test_the_torch_gpt_refuses_padding_and_decodes_greedily() -> None:
+    model = tiny_gpt().eval()
+    rows = SyntheticTokens(2).tokens
+    padded = torch.ones_like(rows)
+    padded[0, -1] = 0
+    with pytest.raises(ValueError, match="unpadded"):
+        model(input_ids=rows, attention_mask=padded)
+    out = model.generate(rows[:, :8], max_new_tokens=3)
+    assert out.shape == (2, 11)
+    assert torch.equal(out[:, :8], rows[:, :8])
+    with torch.no_grad():
+        likeliest = model(input_ids=out[:, :10]).logits[:, -1].argmax(dim=-1)
+    assert torch.equal(out[:, 10], likeliest)
 
 
 def test_a_dead_rank_lingers_holding_its_sockets_and_a_finished_one_does_not() -> None:

@@ -1,8 +1,9 @@
-"""The real run's model and data: a tiny GPT-2 with random weights, tokens made on the spot.
+"""The real run's data and the tiny model's shape: tokens made on the spot, nothing downloaded.
 
-Nothing is downloaded. The modelled 1.3B shape stays the model of GPU memory
-(`emulation.model`); the real network only has to be a real transformers model that a
-2-core machine trains in milliseconds per step, so its frames and checkpoints are real.
+The modelled 1.3B shape stays the model of GPU memory (`emulation.model`); the real network
+(`realtrain.model` for torchrun, transformers' GPT-2 in `realtrain.hf` for the Trainer) only
+has to be a real one that a 2-core machine trains in milliseconds per step, so its frames and
+checkpoints are real. Imports torch only: the torchrun dialect's ranks never load transformers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Iterator, Mapping
 
 import torch
 from torch.utils.data import Dataset, Sampler
-from transformers import GPT2Config, GPT2LMHeadModel
 
 TINY_VOCAB = 256
 TINY_SEQ = 32
@@ -22,29 +22,6 @@ MIB = 1 << 20
 # Each dataloader worker's own resident host memory (REALTRAIN_WORKER_MIB), in MiB. None by
 # default: several test runs share one machine; a host-RAM run says how much (96 in the tests).
 DEFAULT_WORKER_MIB = 0
-
-
-def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
-    """The same random weights on every rank (DDP checks they agree), ~140k parameters."""
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=TINY_VOCAB,
-        n_positions=TINY_SEQ,
-        n_embd=TINY_HIDDEN,
-        n_layer=TINY_LAYERS,
-        n_head=TINY_HEADS,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        # No dropout: a resumed run then repeats the uninterrupted run's losses exactly.
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = GPT2LMHeadModel(config)
-    # GPT-2's class name names no loss; said outright, transformers does not warn at each rank.
-    model.loss_type = "ForCausalLM"
-    return model
 
 
 class SyntheticTokens(Dataset[dict[str, torch.Tensor]]):

@@ -30,6 +30,8 @@ from emulation.runner import Console
 from emulation.settings import Settings
 from torch.utils.data import Dataset, get_worker_info
 from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
     Trainer,
     TrainerCallback,
     TrainerControl,
@@ -37,7 +39,15 @@ from transformers import (
     TrainingArguments,
 )
 
-from realtrain.data import SyntheticTokens, WorkerBallast, tiny_model
+from realtrain.data import (
+    TINY_HEADS,
+    TINY_HIDDEN,
+    TINY_LAYERS,
+    TINY_SEQ,
+    TINY_VOCAB,
+    SyntheticTokens,
+    WorkerBallast,
+)
 from realtrain.distributed import RankEnv
 from realtrain.injection import Injection, arm
 
@@ -51,6 +61,31 @@ DEFAULTS: dict[str, Any] = {
     "lr_scheduler_type": "cosine",
     "logging_steps": 1,
 }
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    """transformers' GPT-2 in the tiny shape, the same random weights on every rank (DDP
+    checks they agree), ~140k parameters: the Trainer's model, with its own frames."""
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=TINY_VOCAB,
+        n_positions=TINY_SEQ,
+        n_embd=TINY_HIDDEN,
+        n_layer=TINY_LAYERS,
+        n_head=TINY_HEADS,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        # No dropout: a resumed run then repeats the uninterrupted run's losses exactly.
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = GPT2LMHeadModel(config)
+    # GPT-2's class name names no loss; said outright, transformers does not warn at each rank.
+    model.loss_type = "ForCausalLM"
+    return model
+
 
 _FLAG = re.compile(r"(--[A-Za-z0-9_-]+)(?:[ =](.*))?", re.DOTALL)
 
@@ -231,7 +266,7 @@ def run_hf(
     evaluating = settings.eval_every is not None
     clock = PacedInjection(injection, rank.rank, settings.step_seconds)
     trainer = Trainer(
-        model=tiny_model(),
+        model=tiny_gpt2(),
         args=args,
         train_dataset=WorkerHeldTokens(SyntheticTokens(TRAIN_SAMPLES, seed=DATA_SEED), ballast),
         eval_dataset=(

@@ -11,10 +11,10 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 
 import torch
 import torch.distributed as dist
-import transformers
 from emulation.checkpoints import CheckpointError, ResumePoint, find_resume_point
 from emulation.dialects import LaunchError, parse_launch
 from emulation.runner import Console, resolve_settings
@@ -23,13 +23,14 @@ from emulation.topology import DEFAULT_STATE_DIR, TopologyError, placement_from_
 
 from realtrain.data import worker_mib_from_env
 from realtrain.distributed import init_process_group, rank_env
-from realtrain.hf import run_hf
 from realtrain.injection import linger_after_death, plan_injection
 from realtrain.torchrun import run_torchrun
 
 EXIT_USAGE = 2
+# transformers' version from its metadata: only the hf dialect imports it (seconds per rank).
+TRANSFORMERS_VERSION = metadata.version("transformers")
 BANNER = (
-    f"[real-train] REAL torch {torch.__version__} + transformers {transformers.__version__} "
+    f"[real-train] REAL torch {torch.__version__} + transformers {TRANSFORMERS_VERSION} "
     "gloo run; the CUDA OOM is INJECTED (no GPU): memory figures are modelled"
 )
 REAL_DIALECTS = (Dialect.TORCHRUN, Dialect.HF)
@@ -100,6 +101,8 @@ def run(argv: Sequence[str], env: Mapping[str, str], console: Console) -> int:
             settings, rank, injection, console, resume=resume, worker_mib=worker_mib
         )
     else:
+        from realtrain.hf import run_hf  # noqa: PLC0415 (transformers: only this dialect's cost)
+
         code = run_hf(
             settings,
             rank,

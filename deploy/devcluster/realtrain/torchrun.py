@@ -1,4 +1,5 @@
-"""The plain-torch dialect: a hand-written DDP training loop, as `torchrun train.py` runs one.
+"""The plain-torch dialect: a hand-written DDP training loop, as `torchrun train.py` runs one,
+on a tiny GPT-2 written with torch.nn (`realtrain.model`): its ranks never import transformers.
 
 Knobs come from the environment as the emulator's torchrun dialect reads them (MICRO_BATCH,
 GRAD_ACCUM, NUM_WORKERS, MAX_STEPS, CKPT_DIR, SAVE_EVERY, RESUME_FROM, EVAL_*). Checkpoints
@@ -26,9 +27,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from realtrain.data import StepSampler, SyntheticTokens, WorkerBallast, tiny_model
+from realtrain.data import StepSampler, SyntheticTokens, WorkerBallast
 from realtrain.distributed import RankEnv
 from realtrain.injection import Injection, arm
+from realtrain.model import TinyGPT, tiny_gpt
 
 PEAK_LR = 3e-3
 WARMUP_STEPS = 2
@@ -119,7 +121,7 @@ def _train_loader(settings: Settings, rank: RankEnv, worker_mib: int) -> DataLoa
     )
 
 
-def _evaluate(model: torch.nn.Module, settings: Settings) -> torch.Tensor:
+def _evaluate(model: TinyGPT, settings: Settings) -> torch.Tensor:
     """Eval loss over a few batches, and a short generate, with the weights in eval mode."""
     data = SyntheticTokens(settings.eval_samples, seed=DATA_SEED + 1)
     batches = min(EVAL_BATCHES_MAX, math.ceil(len(data) / settings.eval_batch))
@@ -131,11 +133,9 @@ def _evaluate(model: torch.nn.Module, settings: Settings) -> torch.Tensor:
             mask = torch.ones_like(rows)
             total += model(input_ids=rows, attention_mask=mask, labels=rows).loss
             if settings.generate_tokens:
-                model.generate(  # type: ignore[operator]
+                model.generate(
                     input_ids=rows[:, :PROMPT_TOKENS],
-                    attention_mask=mask[:, :PROMPT_TOKENS],
                     max_new_tokens=min(GENERATE_TOKENS_MAX, settings.generate_tokens),
-                    do_sample=False,
                 )
     model.train()
     return total / batches
@@ -151,7 +151,7 @@ def run_torchrun(
     worker_mib: int,
 ) -> int:
     """Train from `resume` (or from scratch) to MAX_STEPS; returns 0, or raises what killed it."""
-    model = tiny_model()
+    model = tiny_gpt()
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=PEAK_LR)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
