@@ -32,7 +32,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,8 +50,9 @@ from daemon.store.settings import StoreSettings
 REPO = Path(__file__).resolve().parent.parent
 MEDIC = REPO / ".venv" / "bin" / "slurm-medic"
 EMULATED_TRAIN = REPO / "deploy" / "devcluster" / "emulated-train"
-# The real run: torch + transformers on the CPU, gloo across the nodes, the OOM injected. It
-# runs under this venv's interpreter (Debian's python3, which the job user may run).
+# The real run: torch on the CPU (and transformers' Trainer for the hf dialect), gloo across
+# the nodes, the OOM injected. It runs under this venv's interpreter (Debian's python3, which
+# the job user may run).
 REAL_TRAIN = (REPO / ".venv" / "bin" / "python", REPO / "deploy" / "devcluster" / "real-train")
 USER = "alice"
 # Short pacing: a step is 0.05 s.
@@ -164,6 +165,8 @@ class Medic:
     wedge_grace_s: float = 30
     # Only the daemon's environment (a crash test's PATH-prepended wrappers).
     daemon_env: Mapping[str, str] = field(default_factory=dict)
+    # More config sections, appended as written (`[sweep]`, `[policy]`).
+    extra_config: str = ""
     daemon: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
     _engine: Engine | None = None
@@ -208,7 +211,8 @@ class Medic:
             "interval_s = 1\n"
             "[probe]\n"
             + "".join(f'{key} = "{value}"\n' for key, value in self.probe.items())
-            + "cache_ttl_s = 0\n",
+            + "cache_ttl_s = 0\n"
+            + self.extra_config,
             encoding="utf-8",
         )
         self.cli("db", "upgrade", "--database", self.url, timeout=120)
@@ -236,11 +240,15 @@ class Medic:
         return self._signal(signal.SIGTERM, timeout_s)
 
     def kill(self) -> int:
-        """SIGKILL to the daemon's whole process group, as systemd's KillMode=control-group
-        ends a crashed unit: no child it started (sbatch, ssh) outlives it."""
+        """SIGKILL to the daemon and every process under it, as systemd's
+        KillMode=control-group ends a crashed unit: no child it started (sbatch, ssh, each in
+        its own session, so out of the daemon's process group) outlives it. A crash test's
+        wrapper left alive would run the real sbatch after its pause: a stray job."""
         if self.daemon is None:
             raise RuntimeError("no daemon was started")
-        os.killpg(self.daemon.pid, signal.SIGKILL)
+        for pid in stop_tree(self.daemon.pid):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return self._signal(signal.SIGKILL, 30)
 
     def _signal(self, signum: int, timeout_s: float) -> int:
@@ -258,9 +266,10 @@ class Medic:
         return self.daemon is not None and self.daemon.poll() is None
 
     def cli(
-        self, *args: str, as_user: str | None = None, timeout: float = 60
+        self, *args: str, as_user: str | None = None, timeout: float = 60, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        """One `slurm-medic` command on this record; fails loudly with its output.
+        """One `slurm-medic` command on this record; fails loudly with its output (unless
+        `check` is off, for a command whose exit status is the answer).
 
         As root it names the config in SLURM_MEDIC_CONFIG. For `as_user` it runs as
         `sudo slurm-medic ...` would for that person: SUDO_UID set, no SLURM_MEDIC_ variable
@@ -296,7 +305,7 @@ class Medic:
             if done.returncode == 0 or "database is locked" not in done.stderr:
                 break
             time.sleep(0.5 * attempt)
-        if done.returncode != 0:
+        if check and done.returncode != 0:
             command = " ".join(args)
             raise StageFailed(
                 f"slurm-medic {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
@@ -392,6 +401,35 @@ class Medic:
         if found and found[-1].state in states:
             return found[-1]
         return None
+
+
+def stop_tree(pid: int) -> list[int]:
+    """SIGSTOP `pid`, then each of its descendants: a stopped process starts no new child
+    while its children are looked up. The stopped processes, parents first."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return []
+    tree = [pid]
+    for child in children(pid):
+        tree.extend(stop_tree(child))
+    return tree
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc/N/stat (this kernel has no
+    /proc/N/task/N/children)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue  # it ended meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        state_and_parent = text.rpartition(")")[2].split()
+        if len(state_and_parent) > 1 and int(state_and_parent[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def make_work_dir(prefix: str) -> Path:
