@@ -84,6 +84,7 @@ def test_a_fresh_probe_fetches_past_the_cache_and_refills_it(settings: ProbeSett
     prober.probe("gpu-01")
     assert fetch.calls == ["gpu-01", "gpu-01"]
 
+
 def test_concurrency_is_bounded(settings: ProbeSettings) -> None:
     fetch = FakeFetch(delay=0.05)
     prober = NodeProber(settings.model_copy(update={"concurrency": 3}), fetch=fetch)
