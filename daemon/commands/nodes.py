@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any
 
 import click
@@ -33,16 +32,14 @@ from daemon.commands.context import CommandContext, echo_lines, record_options
 from daemon.commands.node_views import node_rows, print_nodes, print_unwrapped
 from daemon.commands.people import NotAllowed, Person, invoking_person, require_admin_on_record
 from daemon.commands.record_views import drain_document, print_drains
-from daemon.effects import perform
 from daemon.fleet.findings import CORDON_FINDING, FindingKind
 from daemon.fleet.node_policy import slurm_reason
-from daemon.fleet.sweep import SweepTarget, SweptNode, sweep
+from daemon.fleet.sweep import SweepTarget, SweptNode, change_node, sweep
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError
-from daemon.slurm.scontrol import drain_argv, resume_argv
 from daemon.store import control, node_records
 from daemon.store import repository as repo
-from daemon.store.models import ActionKind, CheckTrigger, NodeEventKind
+from daemon.store.models import CheckTrigger, NodeEventKind
 from daemon.store.node_records import FindingHistory
 
 EXIT_NOT_DONE = 1
@@ -148,26 +145,17 @@ def nodes_drain_command(
         rows: list[dict[str, Any]] = []
         for node in nodes:
             probe = _probe_document(probes.get(node))
-            done = perform(
+            done = change_node(
                 session,
-                kind=ActionKind.DRAIN,
-                argv=drain_argv(node, reason),
-                actor=person.actor,
-                run=partial(backend.drain, node, reason),
+                backend,
+                person.actor,
                 node=node,
+                kind=NodeEventKind.DRAIN,
+                reason=reason,
+                check_id=probe["check"],
+                finding=CORDON_FINDING,
             )
             if done.error is None:
-                control.record_node_event(
-                    session,
-                    node=node,
-                    kind=NodeEventKind.DRAIN,
-                    by_medic=True,
-                    reason=reason,
-                    action_id=done.action.id,
-                    actor_name=person.name,
-                    finding=CORDON_FINDING,
-                    check_id=probe["check"],
-                )
                 repo.append_audit(
                     session,
                     actor=person.actor,
@@ -218,26 +206,15 @@ def nodes_resume_command(
         rows: list[dict[str, Any]] = []
         for node in nodes:
             probe = _probe_document(probes.get(node))
-            done = perform(
+            done = change_node(
                 session,
-                kind=ActionKind.RESUME,
-                argv=resume_argv(node),
-                actor=person.actor,
-                run=partial(backend.resume, node),
+                backend,
+                person.actor,
                 node=node,
+                kind=NodeEventKind.RESUME,
+                reason=reason,
+                check_id=probe["check"],
             )
-            if done.error is None:
-                control.record_node_event(
-                    session,
-                    node=node,
-                    kind=NodeEventKind.RESUME,
-                    by_medic=True,
-                    reason=reason,
-                    action_id=done.action.id,
-                    actor_name=person.name,
-                    check_id=probe["check"],
-                )
-                session.commit()
             outcome = "resumed" if done.error is None else f"not resumed: {done.error}"
             rows.append({"node": node, "done": outcome, "action": done.action.id, **probe})
     document = {"by": person.name, "reason": reason, "nodes": rows}

@@ -13,11 +13,12 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import partial
 
 from sqlalchemy.orm import Session
 
 from daemon.config import Settings
-from daemon.effects import perform
+from daemon.effects import Performed, perform
 from daemon.evidence.nvidia_smi import MIB
 from daemon.evidence.prober import NodeProber, ProbeRequest
 from daemon.fleet.findings import (
@@ -182,64 +183,69 @@ def _resume_decision(
     return resume_decision(drain, since, node, sweep=deps.settings.sweep)
 
 
-def drain_node(
+def change_node(
     session: Session,
-    node: str,
-    decision: NodeDecision,
-    check_id: int,
-    deps: SweepDeps,
+    backend: SlurmBackend,
+    actor: Actor,
     *,
+    node: str,
+    kind: NodeEventKind,
+    reason: str,
+    check_id: int | None,
     finding: str | None = None,
+) -> Performed:
+    """Drain (with a `medic:` reason) or resume a node: the action row written before the
+    command runs, then, if Slurm did it, the node event naming who, why, on what finding and
+    the check. The backend refuses to overwrite or clear a drain someone else set."""
+    if kind is NodeEventKind.DRAIN:
+        argv, run = drain_argv(node, reason), partial(backend.drain, node, reason)
+    else:
+        argv, run = resume_argv(node), partial(backend.resume, node)
+    done = perform(session, kind=ActionKind(kind.value), argv=argv, actor=actor, run=run, node=node)
+    if done.error is None:
+        control.record_node_event(
+            session,
+            node=node,
+            kind=kind,
+            by_medic=True,
+            reason=reason,
+            action_id=done.action.id,
+            actor_name=actor.name,
+            finding=finding,
+            check_id=check_id,
+        )
+        session.commit()
+    return done
+
+
+def drain_node(
+    session: Session, node: str, decision: NodeDecision, check_id: int, deps: SweepDeps
 ) -> str:
-    """Drain with the decision's `medic:` reason; an action row and a node event, or why not."""
+    """Drain with the decision's `medic:` reason; what was done, or why not."""
     reason = decision.drain_reason
     assert reason is not None, "a drain decision carries its Slurm reason"
-    done = perform(
+    done = change_node(
         session,
-        kind=ActionKind.DRAIN,
-        argv=drain_argv(node, reason),
-        actor=deps.actor,
-        run=lambda: deps.backend.drain(node, reason),
-        node=node,
-    )
-    if done.error is not None:
-        return f"not drained: {done.error}"
-    control.record_node_event(
-        session,
+        deps.backend,
+        deps.actor,
         node=node,
         kind=NodeEventKind.DRAIN,
-        by_medic=True,
         reason=reason,
-        action_id=done.action.id,
-        actor_name=deps.actor.name,
-        finding=finding or (decision.finding.value if decision.finding else None),
         check_id=check_id,
+        finding=decision.finding.value if decision.finding else None,
     )
-    session.commit()
-    return "drained"
+    return "drained" if done.error is None else f"not drained: {done.error}"
 
 
 def resume_node(session: Session, node: str, reason: str, check_id: int, deps: SweepDeps) -> str:
-    """Resume a node slurm-medic drained (the backend refuses anyone else's drain)."""
-    done = perform(
+    """Resume a node slurm-medic drained; what was done, or why not."""
+    done = change_node(
         session,
-        kind=ActionKind.RESUME,
-        argv=resume_argv(node),
-        actor=deps.actor,
-        run=lambda: deps.backend.resume(node),
-        node=node,
-    )
-    if done.error is not None:
-        return f"not resumed: {done.error}"
-    control.record_node_event(
-        session,
+        deps.backend,
+        deps.actor,
         node=node,
         kind=NodeEventKind.RESUME,
-        by_medic=True,
         reason=reason,
-        action_id=done.action.id,
-        actor_name=deps.actor.name,
         check_id=check_id,
     )
-    session.commit()
-    return "resumed"
+    return "resumed" if done.error is None else f"not resumed: {done.error}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -192,34 +193,17 @@ class NodeStory:
 def node_story(session: Session, node: str) -> NodeStory:
     """Every check, drain and resume of a node, and the incidents whose failing node it was:
     the newest `MAX_STORY_ROWS` of each, oldest first."""
-
-    checks = list(
-        session.scalars(
-            select(NodeCheck)
-            .where(NodeCheck.node == node)
-            .order_by(NodeCheck.id.desc())
-            .limit(MAX_STORY_ROWS)
-        )
-    )
-    events = list(
-        session.scalars(
-            select(NodeEvent)
-            .where(NodeEvent.node == node)
-            .order_by(NodeEvent.id.desc())
-            .limit(MAX_STORY_ROWS)
-        )
-    )
-    incidents = list(
-        session.scalars(
-            select(Incident)
-            .where(Incident.node == node)
-            .order_by(Incident.id.desc())
-            .limit(MAX_STORY_ROWS)
-        )
-    )
     return NodeStory(
         node=node,
-        checks=tuple(reversed(checks)),
-        events=tuple(reversed(events)),
-        incidents=tuple(reversed(incidents)),
+        checks=_newest_of(session, NodeCheck, node),
+        events=_newest_of(session, NodeEvent, node),
+        incidents=_newest_of(session, Incident, node),
     )
+
+
+NodeRow = TypeVar("NodeRow", NodeCheck, NodeEvent, Incident)
+
+
+def _newest_of(session: Session, model: type[NodeRow], node: str) -> tuple[NodeRow, ...]:
+    query = select(model).where(model.node == node).order_by(model.id.desc()).limit(MAX_STORY_ROWS)
+    return tuple(reversed(list(session.scalars(query))))
