@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from daemon.fleet.findings import NodeJudgement
@@ -63,17 +63,20 @@ def record_check(
 
 
 def last_checked(session: Session, nodes: Iterable[str]) -> dict[str, datetime]:
-    """Each node's latest check time (nodes never checked are absent)."""
-    wanted = list(dict.fromkeys(nodes))
+    """Each node's latest check time (nodes never checked are absent). The daemon asks this
+    every cycle for the whole fleet, so it is one index seek per node (the newest row of
+    `ix_node_check_node_id`), never a scan of a year of checks."""
+    newest = (
+        select(NodeCheck.checked_at)
+        .where(NodeCheck.node == bindparam("node"))
+        .order_by(NodeCheck.id.desc())
+        .limit(1)
+    )
     found: dict[str, datetime] = {}
-    for start in range(0, len(wanted), 500):  # an IN list of bounded size
-        chunk = wanted[start : start + 500]
-        query = (
-            select(NodeCheck.node, func.max(NodeCheck.checked_at))
-            .where(NodeCheck.node.in_(chunk))
-            .group_by(NodeCheck.node)
-        )
-        found.update({node: at for node, at in session.execute(query)})
+    for node in dict.fromkeys(nodes):
+        at = session.scalar(newest, {"node": node})
+        if at is not None:
+            found[node] = at
     return found
 
 
