@@ -42,7 +42,7 @@ from pydantic_settings import (
 
 from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET
 from daemon.evidence.prober import ProbeSettings
-from daemon.fleet.findings import FindingKind
+from daemon.evidence.records import FindingKind
 from daemon.owner_serve import MAX_SCAN_BYTES
 from daemon.slurm.records import JobState
 from daemon.store.settings import StoreSettings

@@ -16,6 +16,7 @@ from daemon.evidence.nvidia_smi import MIB
 from daemon.evidence.probe import interpret_probe
 from daemon.evidence.records import (
     ComputeApp,
+    FindingKind,
     GpuHealth,
     NodeProbe,
     ProbeVerdict,
@@ -23,13 +24,13 @@ from daemon.evidence.records import (
     XidPolicy,
 )
 from daemon.evidence.xid import XidCatalog, XidOverride
-from daemon.fleet.findings import FindingKind, Health, NodeJudgement, gres_gpu_count, judge_node
+from daemon.fleet.findings import NodeJudgement, gres_gpu_count, judge_node
 from tests.test_probe import CATALOG, document, interpret, run_probe_program, tool
 
 NOW = datetime(2026, 11, 24, 18, 0, tzinfo=UTC)
 COTENANT_MIN = 1024 * MIB
 # Worst first: what the node's health and deciding fact are taken from.
-RANK = {Health.FAULTY: 0, Health.UNREACHABLE: 1, Health.DEGRADED: 2}
+RANK = {ProbeVerdict.FAULTY: 0, ProbeVerdict.UNREACHABLE: 1, ProbeVerdict.DEGRADED: 2}
 
 
 @pytest.mark.parametrize(
@@ -101,31 +102,31 @@ def real_probe(state: str) -> NodeProbe:
     [
         (
             "healthy",  # its application XID 13 of a day ago is outside the window
-            Health.HEALTHY,
+            ProbeVerdict.HEALTHY,
             "8 GPUs of 8: no remap pending or failed",
             (),
         ),
         (
             "row-remap-pending",
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             "GPU 2 (00000000:47:00.0): row remap pending (1 correctable, 0 uncorrectable rows)",
             (FindingKind.REMAP_PENDING, FindingKind.ECC_CORRECTABLE),
         ),
         (
             "xid79",  # its XID 45 (cleanup after the death) is the application's, not a finding
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             "XID 79 (GPU has fallen off the bus) x1 on 0000:47:00",
             (FindingKind.FALLEN_OFF_BUS,),
         ),
         (
             "cotenant",
-            Health.DEGRADED,
+            ProbeVerdict.DEGRADED,
             "GPU 3 (00000000:4E:00.0): pid 31337 (python3) holds 30.00 GiB outside any job",
             (FindingKind.COTENANT,),
         ),
         (
             "remap-failure",
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             "GPU 5 (00000000:90:00.0): row remapping failure occurred",
             (
                 FindingKind.REMAP_FAILURE,
@@ -135,26 +136,26 @@ def real_probe(state: str) -> NodeProbe:
         ),
         (
             "ecc-uncorrectable",
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             "GPU 4 (00000000:87:00.0): 2 uncorrectable ECC errors since the driver loaded",
             (FindingKind.ECC_UNCORRECTABLE_VOLATILE, FindingKind.XID_HARDWARE),
         ),
         (
             "gpu-missing",
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             "Slurm's gres promises 8 GPUs, nvidia-smi lists 7: 1 missing",
             (FindingKind.GPU_MISSING,),
         ),
         (
             "garbage",
-            Health.UNREACHABLE,
+            ProbeVerdict.UNREACHABLE,
             "not probed: gpu_health: line 1 is not nvidia-smi -q output",
             (FindingKind.UNREACHABLE,),
         ),
     ],
 )
 def test_real_probe_documents_judged_for_an_idle_node(
-    state: str, health: Health, deciding: str, kinds: tuple[FindingKind, ...]
+    state: str, health: ProbeVerdict, deciding: str, kinds: tuple[FindingKind, ...]
 ) -> None:
     judgement = judge(real_probe(state))
     assert judgement.health is health
@@ -168,7 +169,7 @@ def test_real_probe_documents_judged_for_an_idle_node(
 def test_real_cotenant_state_is_healthy_while_a_job_runs_there() -> None:
     """The same process is the running job's business: a note, never a finding."""
     judgement = judge(real_probe("cotenant"), jobs=(4242,))
-    assert judgement.health is Health.HEALTHY
+    assert judgement.health is ProbeVerdict.HEALTHY
     assert judgement.findings == ()
     assert judgement.running_jobs == (4242,)
     assert judgement.notes == (
@@ -179,7 +180,7 @@ def test_real_cotenant_state_is_healthy_while_a_job_runs_there() -> None:
 def test_real_remap_pending_is_faulty_whether_or_not_a_job_runs() -> None:
     probe = real_probe("row-remap-pending")
     assert judge(probe, jobs=(7,)).kinds() == judge(probe).kinds()
-    assert judge(probe, jobs=(7,)).health is Health.FAULTY
+    assert judge(probe, jobs=(7,)).health is ProbeVerdict.FAULTY
 
 
 def test_timed_out_tools_as_the_hang_state_leaves_them_are_unreachable() -> None:
@@ -187,7 +188,7 @@ def test_timed_out_tools_as_the_hang_state_leaves_them_are_unreachable() -> None
     killed = tool("", -9, timed_out=True)
     probe = interpret(document(gpu_health=killed, gpus=killed, compute_apps=killed))
     judgement = judge(probe)
-    assert judgement.health is Health.UNREACHABLE
+    assert judgement.health is ProbeVerdict.UNREACHABLE
     assert judgement.deciding == (
         "not probed: gpu_health: timed out on the node; gpus: timed out on the node; "
         "compute_apps: timed out on the node"
@@ -201,7 +202,7 @@ def test_a_probe_that_never_answered_is_unreachable_with_its_error() -> None:
     )
     judgement = judge(probe)
     assert (judgement.health, judgement.deciding) == (
-        Health.UNREACHABLE,
+        ProbeVerdict.UNREACHABLE,
         "not probed: connection refused",
     )
 
@@ -256,7 +257,7 @@ def with_gpu(index: int, **facts: Any) -> tuple[GpuHealth, ...]:
 
 def test_clean_node_is_healthy_and_says_what_was_looked_at() -> None:
     judgement = judge(node())
-    assert (judgement.health, judgement.findings) == (Health.HEALTHY, ())
+    assert (judgement.health, judgement.findings) == (ProbeVerdict.HEALTHY, ())
     assert judgement.deciding == (
         "8 GPUs of 8: no remap pending or failed, no uncorrectable ECC, no hardware XID"
     )
@@ -264,7 +265,7 @@ def test_clean_node_is_healthy_and_says_what_was_looked_at() -> None:
 
 def test_remap_failure_is_faulty_on_its_gpu() -> None:
     judgement = judge(node(with_gpu(5, remap_failure_occurred=True)))
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.kinds() == (FindingKind.REMAP_FAILURE,)
     assert judgement.findings[0].gpu == 5
     assert judgement.deciding == "GPU 5 (00000000:0C:00.0): row remapping failure occurred"
@@ -274,14 +275,14 @@ def test_volatile_uncorrectable_ecc_is_faulty_and_hides_the_aggregate() -> None:
     judgement = judge(
         node(with_gpu(1, ecc_volatile_uncorrectable=2, ecc_aggregate_uncorrectable=9))
     )
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.kinds() == (FindingKind.ECC_UNCORRECTABLE_VOLATILE,)
     assert judgement.deciding.endswith("2 uncorrectable ECC errors since the driver loaded")
 
 
 def test_aggregate_uncorrectable_ecc_alone_is_degraded() -> None:
     judgement = judge(node(with_gpu(1, ecc_aggregate_uncorrectable=9)))
-    assert judgement.health is Health.DEGRADED
+    assert judgement.health is ProbeVerdict.DEGRADED
     assert judgement.kinds() == (FindingKind.ECC_UNCORRECTABLE_AGGREGATE,)
     assert judgement.deciding.endswith("9 uncorrectable ECC errors in its lifetime")
 
@@ -292,7 +293,7 @@ def test_pending_remap_names_its_rows_and_the_reset_it_needs() -> None:
             with_gpu(2, remap_pending=True, remapped_rows_correctable=1, retired_pages_pending=True)
         )
     )
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.kinds() == (FindingKind.REMAP_PENDING, FindingKind.RETIRED_PAGES_PENDING)
     assert "row remap pending (1 correctable, 0 uncorrectable rows)" in judgement.deciding
     assert judgement.deciding.endswith("needs a GPU reset")
@@ -301,7 +302,7 @@ def test_pending_remap_names_its_rows_and_the_reset_it_needs() -> None:
 @pytest.mark.parametrize(("listed", "expected", "missing"), [(7, 8, 1), (6, 8, 2)])
 def test_gpus_missing_against_gres(listed: int, expected: int, missing: int) -> None:
     judgement = judge(node(tuple(gpu(n) for n in range(listed))), expected=expected)
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.kinds() == (FindingKind.GPU_MISSING,)
     assert judgement.deciding.startswith(
         f"Slurm's gres promises {expected} GPUs, nvidia-smi lists {listed}: {missing} missing"
@@ -312,7 +313,7 @@ def test_gpus_missing_against_gres(listed: int, expected: int, missing: int) -> 
 @pytest.mark.parametrize("expected", [None, 7, 8])
 def test_no_gpu_is_missing_without_a_gres_or_with_as_many_listed(expected: int | None) -> None:
     judgement = judge(node(), expected=expected)
-    assert judgement.health is Health.HEALTHY
+    assert judgement.health is ProbeVerdict.HEALTHY
 
 
 def app(pid: int | None, used_mib: int | None, name: str | None = "python3") -> ComputeApp:
@@ -322,7 +323,7 @@ def app(pid: int | None, used_mib: int | None, name: str | None = "python3") -> 
 
 def test_cotenant_on_an_idle_node_is_degraded() -> None:
     judgement = judge(node(with_gpu(3, compute_apps=(app(31337, 30720),))))
-    assert judgement.health is Health.DEGRADED
+    assert judgement.health is ProbeVerdict.DEGRADED
     assert judgement.kinds() == (FindingKind.COTENANT,)
     assert judgement.deciding == (
         "GPU 3 (00000000:0A:00.0): pid 31337 (python3) holds 30.00 GiB outside any job"
@@ -339,12 +340,12 @@ def test_a_nameless_process_of_unknown_size_is_a_cotenant() -> None:
 
 def test_a_small_process_is_not_a_cotenant() -> None:
     judgement = judge(node(with_gpu(3, compute_apps=(app(99, 1023),))))
-    assert judgement.health is Health.HEALTHY
+    assert judgement.health is ProbeVerdict.HEALTHY
 
 
 def test_a_process_on_a_busy_node_is_a_note_not_a_finding() -> None:
     judgement = judge(node(with_gpu(3, compute_apps=(app(31337, 30720),))), jobs=(11, 12))
-    assert judgement.health is Health.HEALTHY
+    assert judgement.health is ProbeVerdict.HEALTHY
     assert judgement.notes == (
         "processes hold GPU memory while job(s) 11, 12 run here: not judged as co-tenants",
     )
@@ -358,7 +359,7 @@ def test_a_busy_node_keeps_its_memory_findings() -> None:
 
 def test_xid_79_is_fallen_off_the_bus() -> None:
     judgement = judge(node(xids=(xid(79, "0000:47:00"),)))
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.kinds() == (FindingKind.FALLEN_OFF_BUS,)
     assert judgement.deciding == "XID 79 (GPU has fallen off the bus) x1 on 0000:47:00"
 
@@ -388,8 +389,8 @@ def test_xids_by_catalog_class_and_threshold(
 ) -> None:
     judgement = judge(node(xids=(xid(code),) * count))
     assert judgement.kinds() == kinds
-    health = {(): Health.HEALTHY, (FindingKind.XID_DRIVER,): Health.DEGRADED}
-    assert judgement.health is health.get(kinds, Health.FAULTY)
+    health = {(): ProbeVerdict.HEALTHY, (FindingKind.XID_DRIVER,): ProbeVerdict.DEGRADED}
+    assert judgement.health is health.get(kinds, ProbeVerdict.FAULTY)
     if kinds:
         assert judgement.deciding.startswith(f"XID {code} (")
         assert f" x{count} on 0000:07:00" in judgement.deciding
@@ -403,7 +404,7 @@ def test_operator_overrides_change_the_class() -> None:
         node(xids=(xid(48, catalog=catalog), xid(79, catalog=catalog))), catalog=catalog
     )
     assert judgement.kinds() == (FindingKind.XID_DRIVER,)
-    assert judgement.health is Health.DEGRADED
+    assert judgement.health is ProbeVerdict.DEGRADED
 
 
 def test_faulty_comes_before_degraded_whatever_the_gpu_order() -> None:
@@ -414,13 +415,13 @@ def test_faulty_comes_before_degraded_whatever_the_gpu_order() -> None:
         *(gpu(n) for n in range(3, 8)),
     )
     judgement = judge(node(gpus, xids=(xid(8),) * 3))
-    assert judgement.health is Health.FAULTY
+    assert judgement.health is ProbeVerdict.FAULTY
     assert judgement.deciding.startswith("GPU 2 (00000000:09:00.0): row remap pending")
     assert [finding.health for finding in judgement.findings] == [
-        Health.FAULTY,
-        Health.DEGRADED,
-        Health.DEGRADED,
-        Health.DEGRADED,
+        ProbeVerdict.FAULTY,
+        ProbeVerdict.DEGRADED,
+        ProbeVerdict.DEGRADED,
+        ProbeVerdict.DEGRADED,
     ]
     # At equal severity the cards' own state comes before the XIDs of the window.
     assert judgement.kinds() == (
@@ -434,11 +435,11 @@ def test_faulty_comes_before_degraded_whatever_the_gpu_order() -> None:
 def test_a_partly_read_node_is_unreachable_unless_something_is_faulty() -> None:
     partly = node(with_gpu(0, ecc_volatile_correctable=3), verdict=ProbeVerdict.UNREACHABLE)
     judgement = judge(replace(partly, error="gpu_health: timed out on the node"))
-    assert judgement.health is Health.UNREACHABLE
+    assert judgement.health is ProbeVerdict.UNREACHABLE
     assert judgement.deciding == "partly read: gpu_health: timed out on the node"
     assert judgement.kinds() == (FindingKind.UNREACHABLE, FindingKind.ECC_CORRECTABLE)
     faulty = replace(partly, gpus=with_gpu(0, remap_failure_occurred=True))
-    assert judge(faulty).health is Health.FAULTY
+    assert judge(faulty).health is ProbeVerdict.FAULTY
 
 
 counts = st.one_of(st.none(), st.integers(min_value=0, max_value=3))
@@ -493,7 +494,7 @@ def test_any_probe_is_judged_and_health_is_the_worst_finding(
     )
     judgement = judge(probe, expected=expected, jobs=jobs)
     if not judgement.findings:
-        assert judgement.health is Health.HEALTHY
+        assert judgement.health is ProbeVerdict.HEALTHY
         return
     worst = min(judgement.findings, key=lambda finding: RANK[finding.health])
     assert judgement.health is worst.health

@@ -15,15 +15,8 @@ from pydantic import ValidationError
 
 from daemon.config import PolicySettings, Settings, SweepSettings
 from daemon.evidence.nvidia_smi import MIB
-from daemon.evidence.records import ComputeApp, GpuHealth, NodeProbe, ProbeVerdict
-from daemon.fleet.findings import (
-    CORDON_FINDING,
-    Finding,
-    FindingKind,
-    Health,
-    NodeJudgement,
-    judge_node,
-)
+from daemon.evidence.records import ComputeApp, FindingKind, GpuHealth, NodeProbe, ProbeVerdict
+from daemon.fleet.findings import CORDON_FINDING, Finding, NodeJudgement, judge_node
 from daemon.fleet.node_policy import (
     MAX_REASON_CHARS,
     DrainInForce,
@@ -44,27 +37,27 @@ SWEEP = SweepSettings()
 POLICY = PolicySettings(max_drains_per_hour=2)
 REMAP_FAILURE = Finding(
     FindingKind.REMAP_FAILURE,
-    Health.FAULTY,
+    ProbeVerdict.FAULTY,
     "GPU 5 (00000000:90:00.0): row remapping failure occurred",
     5,
 )
 REMAP_PENDING = Finding(
     FindingKind.REMAP_PENDING,
-    Health.FAULTY,
+    ProbeVerdict.FAULTY,
     "GPU 2 (00000000:47:00.0): row remap pending (1 correctable, 0 uncorrectable rows): "
     "needs a GPU reset",
     2,
 )
 CORRECTABLE = Finding(
     FindingKind.ECC_CORRECTABLE,
-    Health.DEGRADED,
+    ProbeVerdict.DEGRADED,
     "GPU 2 (00000000:47:00.0): 177 correctable ECC errors since the driver loaded",
     2,
 )
 
 
 def judged(*findings: Finding, jobs: tuple[int, ...] = ()) -> NodeJudgement:
-    health = findings[0].health if findings else Health.HEALTHY
+    health = findings[0].health if findings else ProbeVerdict.HEALTHY
     return NodeJudgement(
         node="gpu-03",
         probed_at=NOW,
@@ -137,7 +130,7 @@ def test_pending_remap_on_an_idle_node_is_drained_at_once() -> None:
 
 
 def test_a_drain_now_finding_wins_over_an_earlier_drain_after_job_one() -> None:
-    missing = Finding(FindingKind.GPU_MISSING, Health.FAULTY, "Slurm's gres promises 8 GPUs")
+    missing = Finding(FindingKind.GPU_MISSING, ProbeVerdict.FAULTY, "Slurm's gres promises 8 GPUs")
     decision = decide(judged(REMAP_PENDING, missing, jobs=(11,)))
     assert (decision.kind, decision.finding) == (
         NodeDecisionKind.DRAIN_NOW,
@@ -151,7 +144,9 @@ def test_a_drain_now_finding_wins_over_an_earlier_drain_after_job_one() -> None:
         (judged(), "healthy"),
         (judged(CORRECTABLE), "policy drains for none of: ecc_correctable"),
         (
-            judged(Finding(FindingKind.UNREACHABLE, Health.UNREACHABLE, "not probed: timeout")),
+            judged(
+                Finding(FindingKind.UNREACHABLE, ProbeVerdict.UNREACHABLE, "not probed: timeout")
+            ),
             "policy drains for none of: unreachable",
         ),
     ],
@@ -276,13 +271,18 @@ def test_any_text_becomes_one_printable_medic_line(text: str) -> None:
     assert "  " not in reason
 
 
-def past(*healths: Health) -> list[PastCheck]:
+def past(*healths: ProbeVerdict) -> list[PastCheck]:
     return [PastCheck(health, f"check {n}: {health.value}") for n, health in enumerate(healths)]
 
 
 AUTO = SweepSettings(auto_resume=True, resume_after_healthy=3)
 REMAP_DRAIN = DrainInForce(by_daemon=True, finding=FindingKind.REMAP_PENDING.value)
-H, F, D, U = Health.HEALTHY, Health.FAULTY, Health.DEGRADED, Health.UNREACHABLE
+H, F, D, U = (
+    ProbeVerdict.HEALTHY,
+    ProbeVerdict.FAULTY,
+    ProbeVerdict.DEGRADED,
+    ProbeVerdict.UNREACHABLE,
+)
 
 
 def test_a_pending_remap_drain_returns_after_enough_healthy_sweeps() -> None:
@@ -304,7 +304,7 @@ def test_a_pending_remap_drain_returns_after_enough_healthy_sweeps() -> None:
     ],
 )
 def test_the_streak_counts_healthy_sweeps_in_a_row_up_to_now(
-    checks: tuple[Health, ...], streak: int, latest: str
+    checks: tuple[ProbeVerdict, ...], streak: int, latest: str
 ) -> None:
     decision = resume_decision(REMAP_DRAIN, past(*checks), MEDIC_DRAINED, sweep=AUTO)
     assert decision.kind is NodeDecisionKind.KEEP_DRAINED

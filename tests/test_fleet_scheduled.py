@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from daemon.config import Settings, SweepSettings
 from daemon.evidence.prober import NodeProber, ProbeSettings, RawProbe
-from daemon.fleet.findings import Health, NodeJudgement
+from daemon.evidence.records import ProbeVerdict
+from daemon.fleet.findings import NodeJudgement
 from daemon.fleet.scheduled import AFTER_JOB_CURSOR, ENDED_STATES, scheduled_targets
 from daemon.fleet.sweep import SweepDeps
 from daemon.slurm.records import JobState, JobWindow, NodeBaseState, SlurmNode
@@ -72,7 +73,7 @@ def _deps(tmp_path: Path, slurm: FakeSlurm, **sweep: object) -> SweepDeps:
 
 
 def _check(session: Session, node: str, at: datetime) -> None:
-    judgement = NodeJudgement(node, at, Health.HEALTHY, (), "8 GPUs of 8", 8, 8, ())
+    judgement = NodeJudgement(node, at, ProbeVerdict.HEALTHY, (), "8 GPUs of 8", 8, 8, ())
     node_records.record_check(
         session,
         judgement,

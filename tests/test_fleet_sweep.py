@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from daemon.config import PolicySettings, Settings, SweepSettings
 from daemon.evidence.prober import NodeProber, ProbeSettings, RawProbe
-from daemon.fleet.findings import CORDON_FINDING, FindingKind, Health
+from daemon.evidence.records import FindingKind, ProbeVerdict
+from daemon.fleet.findings import CORDON_FINDING
 from daemon.fleet.node_policy import NodeDecisionKind
 from daemon.fleet.sweep import (
     SweepDeps,
@@ -172,7 +173,7 @@ def test_a_faulty_node_is_drained_on_the_record(
     swept = run(db_session, fleet, "gpu-01", "gpu-02")
 
     faulty = swept["gpu-01"]
-    assert faulty.judgement.health is Health.FAULTY
+    assert faulty.judgement.health is ProbeVerdict.FAULTY
     assert faulty.decision.kind is NodeDecisionKind.DRAIN_NOW
     assert faulty.done == "drained"
     [(node, reason)] = fleet.slurm.drained
@@ -321,7 +322,7 @@ def test_an_unreachable_node_is_recorded_never_drained(
     fleet = cluster(probe_settings, {"gpu-01": "garbage"})
     swept = run(db_session, fleet, "gpu-01", "gpu-02")
     for node in ("gpu-01", "gpu-02"):
-        assert swept[node].judgement.health is Health.UNREACHABLE
+        assert swept[node].judgement.health is ProbeVerdict.UNREACHABLE
         assert swept[node].decision.kind is NodeDecisionKind.RECORD
     assert swept["gpu-02"].judgement.deciding == "not probed: gpu-02: connection refused"
     assert fleet.slurm.drained == []
@@ -416,7 +417,7 @@ def test_a_cordon_stays_drained_however_healthy_the_node(
     )
     for _ in range(4):
         swept = run(db_session, fleet, "gpu-05")["gpu-05"]
-        assert swept.judgement.health is Health.HEALTHY
+        assert swept.judgement.health is ProbeVerdict.HEALTHY
         assert swept.decision.kind is NodeDecisionKind.KEEP_DRAINED
         assert swept.decision.reason == "a person's cordon: only an admin resumes it"
     assert fleet.slurm.resumed == []

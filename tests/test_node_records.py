@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
-from daemon.evidence.records import Evidence
-from daemon.fleet.findings import Finding, FindingKind, Health, NodeJudgement
+from daemon.evidence.records import Evidence, FindingKind, ProbeVerdict
+from daemon.fleet.findings import Finding, NodeJudgement
 from daemon.store import control, node_records
 from daemon.store import repository as repo
 from daemon.store.models import CheckTrigger, NodeEventKind
@@ -21,12 +21,15 @@ from tests.factories import ended_job
 T0 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
 PENDING = Finding(
     FindingKind.REMAP_PENDING,
-    Health.FAULTY,
+    ProbeVerdict.FAULTY,
     "GPU 2 (00000000:47:00.0): row remap pending (1 correctable, 0 uncorrectable rows)",
     2,
 )
 CORRECTABLE = Finding(
-    FindingKind.ECC_CORRECTABLE, Health.DEGRADED, "GPU 2 (00000000:47:00.0): 177 correctable", 2
+    FindingKind.ECC_CORRECTABLE,
+    ProbeVerdict.DEGRADED,
+    "GPU 2 (00000000:47:00.0): 177 correctable",
+    2,
 )
 
 
@@ -36,7 +39,7 @@ def judgement(
     return NodeJudgement(
         node=node,
         probed_at=at,
-        health=findings[0].health if findings else Health.HEALTHY,
+        health=findings[0].health if findings else ProbeVerdict.HEALTHY,
         findings=findings,
         deciding=findings[0].text if findings else "8 GPUs of 8: healthy",
         gpus_seen=8,

@@ -25,9 +25,9 @@ from daemon.evidence.nvidia_smi import (
     parse_query,
 )
 from daemon.evidence.probe import interpret_probe, parse_document
-from daemon.evidence.records import NodeProbe, ProbeVerdict, XidPolicy
+from daemon.evidence.records import FindingKind, NodeProbe, ProbeVerdict, XidPolicy
 from daemon.evidence.xid import load_catalog
-from daemon.fleet.findings import FindingKind, Health, judge_node
+from daemon.fleet.findings import judge_node
 
 REPO = Path(__file__).parent.parent
 SMI = REPO / "tests" / "data" / "nvidia-smi"
@@ -167,7 +167,7 @@ def test_the_sweep_reads_a_lost_gpu_as_missing_and_drains_on_it() -> None:
     judged = judge_node(
         probe, catalog=CATALOG, gpus_expected=8, running_jobs=(), cotenant_min_bytes=MIB
     )
-    assert judged.health is Health.FAULTY
+    assert judged.health is ProbeVerdict.FAULTY
     assert judged.kinds() == (FindingKind.GPU_MISSING,)
     assert judged.deciding.startswith("nvidia-smi cannot reach GPU 0000:09:00.0: Unknown Error")
     assert FindingKind.GPU_MISSING in SweepSettings().drain_now

@@ -32,7 +32,8 @@ from daemon.commands.context import CommandContext, echo_lines, record_options
 from daemon.commands.node_views import node_rows, print_nodes, print_unwrapped
 from daemon.commands.people import NotAllowed, Person, invoking_person, require_admin_on_record
 from daemon.commands.record_views import drain_document, print_drains
-from daemon.fleet.findings import CORDON_FINDING, FindingKind
+from daemon.evidence.records import FindingKind
+from daemon.fleet.findings import CORDON_FINDING
 from daemon.fleet.node_policy import slurm_reason
 from daemon.fleet.sweep import SweepTarget, SweptNode, change_node, sweep
 from daemon.slurm.backend import SlurmBackend

@@ -30,7 +30,7 @@ from daemon.commands.node_views import decision_text, print_unwrapped
 from daemon.commands.people import Person, invoking_person, require_admin_on_record
 from daemon.config import Settings
 from daemon.evidence.prober import NodeProber, ProbeSettings
-from daemon.fleet.findings import Health
+from daemon.evidence.records import ProbeVerdict
 from daemon.fleet.sweep import SweepDeps, SweepTarget, SweptNode, sweep, sweep_nodes
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError, SlurmParseError
@@ -150,11 +150,11 @@ def sweep_command(
     raise SystemExit(sweep_exit_code([row.judgement.health for row in swept]))
 
 
-def sweep_exit_code(healths: Sequence[Health]) -> int:
+def sweep_exit_code(healths: Sequence[ProbeVerdict]) -> int:
     """1 if any node is faulty, else 3 if any is unreachable, else 0 (as `probe`)."""
-    if Health.FAULTY in healths:
+    if ProbeVerdict.FAULTY in healths:
         return EXIT_FAULTY
-    if Health.UNREACHABLE in healths:
+    if ProbeVerdict.UNREACHABLE in healths:
         return EXIT_UNREACHABLE
     return 0
 
@@ -188,12 +188,12 @@ def sweep_document(swept: Sequence[SweptNode]) -> dict[str, Any]:
     counts = Counter(row.judgement.health for row in swept)
     return {
         "nodes": [swept_document(row) for row in swept],
-        "summary": {health.value: counts[health] for health in Health},
+        "summary": {health.value: counts[health] for health in ProbeVerdict},
     }
 
 
 def summary_line(summary: dict[str, int]) -> str:
-    return ", ".join(f"{summary[health.value]} {health.value}" for health in Health)
+    return ", ".join(f"{summary[health.value]} {health.value}" for health in ProbeVerdict)
 
 
 def _print_sweep(console: Console, document: dict[str, Any]) -> None:

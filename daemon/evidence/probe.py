@@ -35,13 +35,14 @@ from daemon.evidence.nvidia_smi import (
 )
 from daemon.evidence.records import (
     ComputeApp,
+    FindingKind,
     GpuHealth,
     NodeProbe,
     ProbeVerdict,
     XidEvent,
     XidPolicy,
 )
-from daemon.evidence.xid import XidCatalog
+from daemon.evidence.xid import XidCatalog, XidCatalogEntry
 
 DOCUMENT_FORMAT = "medic-node-probe/1"
 # An exit status as subprocess reports one: a negative signal number or a byte.
@@ -354,6 +355,100 @@ def _judge(
     )
 
 
+@dataclass(frozen=True)
+class XidCount:
+    """One XID code in the window: how often, on which buses, and whether it reached the
+    catalog's threshold for its policy."""
+
+    code: int
+    count: int
+    entry: XidCatalogEntry
+    summary: str  # `XID 79 (GPU has fallen off the bus) x1 on 0000:47:00`
+
+    @property
+    def over(self) -> bool:
+        return self.count >= self.entry.count_threshold
+
+
+def xid_counts(xids: Sequence[XidEvent], catalog: XidCatalog) -> list[XidCount]:
+    """Each code once, in code order, with its count and the buses it was logged on."""
+    counted = []
+    for code, count in sorted(Counter(event.code for event in xids).items()):
+        entry = catalog.entry(code)
+        where = ", ".join(sorted({event.pci_bus_id or "?" for event in xids if event.code == code}))
+        counted.append(
+            XidCount(code, count, entry, f"XID {code} ({entry.meaning}) x{count} on {where}")
+        )
+    return counted
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """One thing wrong with a card's memory, named for the card: the same rules and words for
+    an incident's probe and for the fleet's sweep."""
+
+    kind: FindingKind
+    faulty: bool  # else degraded
+    text: str
+
+
+def gpu_name(gpu: GpuHealth) -> str:
+    return f"GPU {gpu.index} ({gpu.pci_bus_id or gpu.uuid or '?'})"
+
+
+def gpu_faults(gpu: GpuHealth) -> list[GpuFault]:
+    """Row remaps, ECC and retired pages as the probe reads them (processes aside)."""
+    name = gpu_name(gpu)
+    faults: list[GpuFault] = []
+
+    def add(kind: FindingKind, faulty: bool, text: str) -> None:
+        faults.append(GpuFault(kind, faulty, f"{name}: {text}"))
+
+    if gpu.remap_failure_occurred:
+        add(FindingKind.REMAP_FAILURE, True, "row remapping failure occurred")
+    if gpu.remap_pending:
+        add(
+            FindingKind.REMAP_PENDING,
+            True,
+            f"row remap pending ({gpu.remapped_rows_correctable or 0} correctable, "
+            f"{gpu.remapped_rows_uncorrectable or 0} uncorrectable rows): needs a GPU reset",
+        )
+    if gpu.ecc_volatile_uncorrectable:
+        add(
+            FindingKind.ECC_UNCORRECTABLE_VOLATILE,
+            True,
+            f"{gpu.ecc_volatile_uncorrectable} uncorrectable ECC errors since the driver loaded",
+        )
+    if gpu.retired_pages_pending:
+        add(FindingKind.RETIRED_PAGES_PENDING, False, "retired pages pending a reset")
+    if gpu.ecc_volatile_correctable:
+        add(
+            FindingKind.ECC_CORRECTABLE,
+            False,
+            f"{gpu.ecc_volatile_correctable} correctable ECC errors since the driver loaded",
+        )
+    if gpu.ecc_aggregate_uncorrectable and not gpu.ecc_volatile_uncorrectable:
+        add(
+            FindingKind.ECC_UNCORRECTABLE_AGGREGATE,
+            False,
+            f"{gpu.ecc_aggregate_uncorrectable} uncorrectable ECC errors in its lifetime",
+        )
+    return faults
+
+
+def memory_holders(gpu: GpuHealth, min_bytes: int) -> list[tuple[ComputeApp, str]]:
+    """The processes holding at least `min_bytes` on the card (or an unknown amount), each
+    with the words that name it: `pid 31337 (python3)`."""
+    holders = []
+    for app in gpu.compute_apps:
+        if app.used_bytes is not None and app.used_bytes < min_bytes:
+            continue
+        who = f"pid {app.pid}" if app.pid is not None else "an unnamed process"
+        label = app.process_name or "no name: a zombie or another namespace"
+        holders.append((app, f"{who} ({label})"))
+    return holders
+
+
 def _judge_xids(
     xids: Sequence[XidEvent],
     catalog: XidCatalog,
@@ -361,18 +456,13 @@ def _judge_xids(
     degraded: list[str],
     notes: list[str],
 ) -> None:
-    counts = Counter(event.code for event in xids)
-    for code, count in sorted(counts.items()):
-        entry = catalog.entry(code)
-        buses = sorted({event.pci_bus_id or "?" for event in xids if event.code == code})
-        where = ", ".join(buses)
-        summary = f"XID {code} ({entry.meaning}) x{count} on {where}"
-        over = count >= entry.count_threshold
-        if entry.policy is XidPolicy.HARDWARE and over:
+    for xid in xid_counts(xids, catalog):
+        entry, summary = xid.entry, xid.summary
+        if entry.policy is XidPolicy.HARDWARE and xid.over:
             faulty.append(f"{summary}, threshold {entry.count_threshold}: hardware")
-        elif entry.policy is XidPolicy.DRIVER and over:
+        elif entry.policy is XidPolicy.DRIVER and xid.over:
             degraded.append(f"{summary}, threshold {entry.count_threshold}: driver")
-        elif entry.policy is XidPolicy.APPLICATION and code == XID_CLEANUP_CODE:
+        elif entry.policy is XidPolicy.APPLICATION and xid.code == XID_CLEANUP_CODE:
             notes.append(f"{summary}: cleanup after a process died, not a cause")
         elif entry.policy is XidPolicy.APPLICATION:
             notes.append(f"{summary}: the job's own fault, not the node's")
@@ -383,33 +473,8 @@ def _judge_xids(
 def _judge_gpu(
     gpu: GpuHealth, cotenant_min_bytes: int, faulty: list[str], degraded: list[str]
 ) -> None:
-    name = f"GPU {gpu.index} ({gpu.pci_bus_id or gpu.uuid or '?'})"
-    if gpu.remap_failure_occurred:
-        faulty.append(f"{name}: row remapping failure occurred")
-    if gpu.remap_pending:
-        faulty.append(
-            f"{name}: row remap pending ({gpu.remapped_rows_correctable or 0} correctable, "
-            f"{gpu.remapped_rows_uncorrectable or 0} uncorrectable rows): needs a GPU reset"
-        )
-    if gpu.ecc_volatile_uncorrectable:
-        faulty.append(
-            f"{name}: {gpu.ecc_volatile_uncorrectable} uncorrectable ECC errors since the "
-            "driver loaded"
-        )
-    if gpu.retired_pages_pending:
-        degraded.append(f"{name}: retired pages pending a reset")
-    if gpu.ecc_volatile_correctable:
-        degraded.append(
-            f"{name}: {gpu.ecc_volatile_correctable} correctable ECC errors since the driver loaded"
-        )
-    if gpu.ecc_aggregate_uncorrectable and not gpu.ecc_volatile_uncorrectable:
-        degraded.append(
-            f"{name}: {gpu.ecc_aggregate_uncorrectable} uncorrectable ECC errors in its lifetime"
-        )
-    for app in gpu.compute_apps:
-        if app.used_bytes is not None and app.used_bytes < cotenant_min_bytes:
-            continue
+    for fault in gpu_faults(gpu):
+        (faulty if fault.faulty else degraded).append(fault.text)
+    for app, words in memory_holders(gpu, cotenant_min_bytes):
         held = f"{app.used_bytes / GIB:.1f} GiB" if app.used_bytes is not None else "memory"
-        who = f"pid {app.pid}" if app.pid is not None else "an unnamed process"
-        label = app.process_name or "no name: a zombie or another namespace"
-        degraded.append(f"{name}: {who} ({label}) holds {held}")
+        degraded.append(f"{gpu_name(gpu)}: {words} holds {held}")

@@ -149,6 +149,24 @@ class ProbeVerdict(StrEnum):
     UNREACHABLE = "unreachable"
 
 
+class FindingKind(StrEnum):
+    """What is wrong with a node, one kind per fact; the fleet sweep's policy names these in
+    `sweep.drain_now` / `drain_after_job`. Listed from the most to the least decisive."""
+
+    REMAP_FAILURE = "remap_failure"
+    ECC_UNCORRECTABLE_VOLATILE = "ecc_uncorrectable_volatile"
+    FALLEN_OFF_BUS = "fallen_off_bus"
+    GPU_MISSING = "gpu_missing"
+    XID_HARDWARE = "xid_hardware"
+    REMAP_PENDING = "remap_pending"
+    ECC_UNCORRECTABLE_AGGREGATE = "ecc_uncorrectable_aggregate"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    ECC_CORRECTABLE = "ecc_correctable"
+    XID_DRIVER = "xid_driver"
+    COTENANT = "cotenant"
+    UNREACHABLE = "unreachable"
+
+
 class XidPolicy(StrEnum):
     """What an XID code means for the node (drain it, blame the job, or nothing)."""
 

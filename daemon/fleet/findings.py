@@ -13,13 +13,19 @@ the node's health is its worst finding's, and the deciding fact is the first of 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
-from daemon.evidence.records import GpuHealth, NodeProbe, ProbeVerdict, XidEvent, XidPolicy
+from daemon.evidence.probe import gpu_faults, gpu_name, memory_holders, xid_counts
+from daemon.evidence.records import (
+    FindingKind,
+    GpuHealth,
+    NodeProbe,
+    ProbeVerdict,
+    XidEvent,
+    XidPolicy,
+)
 from daemon.evidence.units import format_size
 from daemon.evidence.xid import XidCatalog
 
@@ -33,34 +39,10 @@ _GRES_ENTRY = re.compile(r"gpu(?::[^:,()]+)?:([0-9]{1,6})\Z")
 _GRES_SOCKETS = re.compile(r"\([^()]*\)")
 
 
-class Health(StrEnum):
-    HEALTHY = "healthy"
-    DEGRADED = "degraded"
-    FAULTY = "faulty"
-    UNREACHABLE = "unreachable"
-
-
-class FindingKind(StrEnum):
-    """What a sweep can find; policy names these in `sweep.drain_now` / `drain_after_job`."""
-
-    REMAP_FAILURE = "remap_failure"
-    ECC_UNCORRECTABLE_VOLATILE = "ecc_uncorrectable_volatile"
-    FALLEN_OFF_BUS = "fallen_off_bus"
-    GPU_MISSING = "gpu_missing"
-    XID_HARDWARE = "xid_hardware"
-    REMAP_PENDING = "remap_pending"
-    ECC_UNCORRECTABLE_AGGREGATE = "ecc_uncorrectable_aggregate"
-    RETIRED_PAGES_PENDING = "retired_pages_pending"
-    ECC_CORRECTABLE = "ecc_correctable"
-    XID_DRIVER = "xid_driver"
-    COTENANT = "cotenant"
-    UNREACHABLE = "unreachable"
-
-
 @dataclass(frozen=True)
 class Finding:
     kind: FindingKind
-    health: Health  # FAULTY, DEGRADED or UNREACHABLE
+    health: ProbeVerdict  # FAULTY, DEGRADED or UNREACHABLE
     text: str  # one line, with the GPU and the numbers
     gpu: int | None = None
 
@@ -71,7 +53,7 @@ class NodeJudgement:
 
     node: str
     probed_at: datetime
-    health: Health
+    health: ProbeVerdict
     findings: tuple[Finding, ...]
     deciding: str
     gpus_seen: int
@@ -83,7 +65,7 @@ class NodeJudgement:
         return tuple(dict.fromkeys(finding.kind for finding in self.findings))
 
 
-_SEVERITY = {Health.FAULTY: 0, Health.UNREACHABLE: 1, Health.DEGRADED: 2}
+_SEVERITY = {ProbeVerdict.FAULTY: 0, ProbeVerdict.UNREACHABLE: 1, ProbeVerdict.DEGRADED: 2}
 
 
 def gres_gpu_count(gres: str | None) -> int | None:
@@ -116,11 +98,11 @@ def judge_node(
     jobs = tuple(running_jobs)
     if probe.verdict is ProbeVerdict.UNREACHABLE and not probe.gpus and not probe.lost_gpus:
         why = probe.error or "; ".join(probe.reasons) or "no answer"
-        finding = Finding(FindingKind.UNREACHABLE, Health.UNREACHABLE, f"not probed: {why}")
+        finding = Finding(FindingKind.UNREACHABLE, ProbeVerdict.UNREACHABLE, f"not probed: {why}")
         return NodeJudgement(
             node=probe.node,
             probed_at=probe.probed_at,
-            health=Health.UNREACHABLE,
+            health=ProbeVerdict.UNREACHABLE,
             findings=(finding,),
             deciding=finding.text,
             gpus_seen=0,
@@ -136,7 +118,7 @@ def judge_node(
     findings.extend(
         Finding(
             FindingKind.GPU_MISSING,
-            Health.FAULTY,
+            ProbeVerdict.FAULTY,
             f"nvidia-smi cannot reach {gpu}: lost to the driver (fallen off the bus or needing"
             " a reset)",
         )
@@ -147,7 +129,7 @@ def judge_node(
         findings.append(
             Finding(
                 FindingKind.GPU_MISSING,
-                Health.FAULTY,
+                ProbeVerdict.FAULTY,
                 f"Slurm's gres promises {gpus_expected} GPUs, nvidia-smi lists {seen}: "
                 f"{gpus_expected - seen} missing (fallen off the bus or failed to initialise)",
             )
@@ -155,7 +137,9 @@ def judge_node(
     notes: list[str] = []
     if probe.verdict is ProbeVerdict.UNREACHABLE:
         why = probe.error or "part of the GPU state could not be read"
-        findings.append(Finding(FindingKind.UNREACHABLE, Health.UNREACHABLE, f"partly read: {why}"))
+        findings.append(
+            Finding(FindingKind.UNREACHABLE, ProbeVerdict.UNREACHABLE, f"partly read: {why}")
+        )
     if jobs and any(gpu.compute_apps for gpu in probe.gpus):
         notes.append(
             f"processes hold GPU memory while job(s) {', '.join(map(str, jobs))} run here:"
@@ -167,7 +151,7 @@ def judge_node(
         return NodeJudgement(
             node=probe.node,
             probed_at=probe.probed_at,
-            health=Health.HEALTHY,
+            health=ProbeVerdict.HEALTHY,
             findings=(),
             deciding=f"{words}: no remap pending or failed, no uncorrectable ECC, no hardware XID",
             gpus_seen=seen,
@@ -189,69 +173,45 @@ def judge_node(
 
 
 def _xid_findings(events: Sequence[XidEvent], catalog: XidCatalog) -> list[Finding]:
-    """XIDs in the window by the catalog's class, each code once with its count and buses."""
+    """XIDs in the window at their catalog threshold, by the catalog's class."""
     findings: list[Finding] = []
-    counts = Counter(event.code for event in events)
-    for code, count in sorted(counts.items()):
-        entry = catalog.entry(code)
-        if count < entry.count_threshold:
+    for xid in xid_counts(events, catalog):
+        if not xid.over:
             continue
-        buses = ", ".join(
-            sorted({event.pci_bus_id or "?" for event in events if event.code == code})
-        )
-        text = f"XID {code} ({entry.meaning}) x{count} on {buses}"
-        if code == XID_FALLEN_OFF_BUS and entry.policy is XidPolicy.HARDWARE:
-            findings.append(Finding(FindingKind.FALLEN_OFF_BUS, Health.FAULTY, text))
-        elif entry.policy is XidPolicy.HARDWARE:
-            findings.append(Finding(FindingKind.XID_HARDWARE, Health.FAULTY, text))
-        elif entry.policy is XidPolicy.DRIVER:
-            findings.append(Finding(FindingKind.XID_DRIVER, Health.DEGRADED, text))
+        if xid.code == XID_FALLEN_OFF_BUS and xid.entry.policy is XidPolicy.HARDWARE:
+            findings.append(Finding(FindingKind.FALLEN_OFF_BUS, ProbeVerdict.FAULTY, xid.summary))
+        elif xid.entry.policy is XidPolicy.HARDWARE:
+            findings.append(Finding(FindingKind.XID_HARDWARE, ProbeVerdict.FAULTY, xid.summary))
+        elif xid.entry.policy is XidPolicy.DRIVER:
+            findings.append(Finding(FindingKind.XID_DRIVER, ProbeVerdict.DEGRADED, xid.summary))
     return findings
 
 
+_DECISIVE = {kind: rank for rank, kind in enumerate(FindingKind)}
+
+
 def _gpu_findings(gpu: GpuHealth, cotenant_min_bytes: int, *, busy: bool) -> list[Finding]:
-    name = f"GPU {gpu.index} ({gpu.pci_bus_id or gpu.uuid or '?'})"
-    found: list[Finding] = []
-
-    def add(kind: FindingKind, health: Health, text: str) -> None:
-        found.append(Finding(kind, health, f"{name}: {text}", gpu.index))
-
-    if gpu.remap_failure_occurred:
-        add(FindingKind.REMAP_FAILURE, Health.FAULTY, "row remapping failure occurred")
-    if gpu.ecc_volatile_uncorrectable:
-        add(
-            FindingKind.ECC_UNCORRECTABLE_VOLATILE,
-            Health.FAULTY,
-            f"{gpu.ecc_volatile_uncorrectable} uncorrectable ECC errors since the driver loaded",
+    """The probe's faults of the card, most decisive first; a process holding memory is a
+    co-tenant only where no job runs."""
+    found = [
+        Finding(
+            fault.kind,
+            ProbeVerdict.FAULTY if fault.faulty else ProbeVerdict.DEGRADED,
+            fault.text,
+            gpu.index,
         )
-    if gpu.remap_pending:
-        add(
-            FindingKind.REMAP_PENDING,
-            Health.FAULTY,
-            f"row remap pending ({gpu.remapped_rows_correctable or 0} correctable, "
-            f"{gpu.remapped_rows_uncorrectable or 0} uncorrectable rows): needs a GPU reset",
-        )
-    if gpu.ecc_aggregate_uncorrectable and not gpu.ecc_volatile_uncorrectable:
-        add(
-            FindingKind.ECC_UNCORRECTABLE_AGGREGATE,
-            Health.DEGRADED,
-            f"{gpu.ecc_aggregate_uncorrectable} uncorrectable ECC errors in its lifetime",
-        )
-    if gpu.retired_pages_pending:
-        add(FindingKind.RETIRED_PAGES_PENDING, Health.DEGRADED, "retired pages pending a reset")
-    if gpu.ecc_volatile_correctable:
-        add(
-            FindingKind.ECC_CORRECTABLE,
-            Health.DEGRADED,
-            f"{gpu.ecc_volatile_correctable} correctable ECC errors since the driver loaded",
-        )
+        for fault in sorted(gpu_faults(gpu), key=lambda fault: _DECISIVE[fault.kind])
+    ]
     if busy:
         return found
-    for app in gpu.compute_apps:
-        if app.used_bytes is not None and app.used_bytes < cotenant_min_bytes:
-            continue
+    for app, words in memory_holders(gpu, cotenant_min_bytes):
         held = format_size(app.used_bytes) if app.used_bytes is not None else "memory"
-        who = f"pid {app.pid}" if app.pid is not None else "an unnamed process"
-        label = app.process_name or "no name: a zombie or another namespace"
-        add(FindingKind.COTENANT, Health.DEGRADED, f"{who} ({label}) holds {held} outside any job")
+        found.append(
+            Finding(
+                FindingKind.COTENANT,
+                ProbeVerdict.DEGRADED,
+                f"{gpu_name(gpu)}: {words} holds {held} outside any job",
+                gpu.index,
+            )
+        )
     return found

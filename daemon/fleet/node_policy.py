@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from daemon.config import PolicySettings, SweepSettings
-from daemon.fleet.findings import CORDON_FINDING, Finding, FindingKind, Health, NodeJudgement
+from daemon.evidence.records import FindingKind, ProbeVerdict
+from daemon.fleet.findings import CORDON_FINDING, Finding, NodeJudgement
 from daemon.slurm.records import MEDIC_REASON_PREFIX, SlurmNode
 
 MAX_REASON_CHARS = 200
@@ -72,7 +73,7 @@ def decide_node(
     """Drain now, after the job, or record only; then whether etiquette or the breaker holds it."""
     chosen = _drain_finding(judgement.findings, sweep)
     if chosen is None:
-        if judgement.health is Health.HEALTHY:
+        if judgement.health is ProbeVerdict.HEALTHY:
             return NodeDecision(NodeDecisionKind.RECORD, "healthy")
         kinds = ", ".join(judgement.kinds())
         return NodeDecision(NodeDecisionKind.RECORD, f"policy drains for none of: {kinds}")
@@ -139,7 +140,7 @@ class DrainInForce:
 class PastCheck:
     """A check on the record, as much of it as the return to service reads."""
 
-    health: Health
+    health: ProbeVerdict
     deciding: str
 
 
@@ -174,7 +175,7 @@ def resume_decision(
         )
     streak = 0
     for judgement in reversed(since_drain):
-        if judgement.health is not Health.HEALTHY:
+        if judgement.health is not ProbeVerdict.HEALTHY:
             break
         streak += 1
     if streak < wanted:

@@ -21,13 +21,8 @@ from daemon.config import Settings
 from daemon.effects import Performed, perform
 from daemon.evidence.nvidia_smi import MIB
 from daemon.evidence.prober import NodeProber, ProbeRequest
-from daemon.fleet.findings import (
-    CORDON_FINDING,
-    Health,
-    NodeJudgement,
-    gres_gpu_count,
-    judge_node,
-)
+from daemon.evidence.records import ProbeVerdict
+from daemon.fleet.findings import CORDON_FINDING, NodeJudgement, gres_gpu_count, judge_node
 from daemon.fleet.node_policy import (
     DrainInForce,
     NodeDecision,
@@ -174,7 +169,7 @@ def _resume_decision(
 ) -> NodeDecision:
     after = held.check_id or node_records.check_before(session, held.node, at=held.occurred_at)
     since = [
-        PastCheck(Health(row.health), row.deciding)
+        PastCheck(ProbeVerdict(row.health), row.deciding)
         for row in node_records.checks_after(session, held.node, after_id=after)
     ]
     # An incident's drain and a sweep's (the daemon's or `sweep --drain`'s) are policy's; a

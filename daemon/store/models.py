@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
-from daemon.fleet.findings import Health
+from daemon.evidence.records import ProbeVerdict
 from daemon.planner import Outcome
 from daemon.store.states import ProposalState
 from remediators.base import Lever
@@ -346,7 +346,7 @@ class NodeCheck(Base):
     __tablename__ = "node_check"
     __table_args__ = (
         _values_check("trigger", "trigger", CheckTrigger),
-        _values_check("health", "health", Health),
+        _values_check("health", "health", ProbeVerdict),
         Index("ix_node_check_node_id", "node", "id"),
         Index("ix_node_check_checked_at", "checked_at"),
     )
