@@ -88,12 +88,14 @@ def test_a_first_start_probes_no_node_at_once_then_each_at_its_moment(
     session: Session, tmp_path: Path
 ) -> None:
     deps = _deps(tmp_path, FakeSlurm(), after_job=False)
-    assert scheduled_targets(session, deps, now=NOW) == []  # the sweep starts here
+    assert (
+        scheduled_targets(session, deps, deps.backend.nodes(), now=NOW) == []
+    )  # the sweep starts here
     seen: list[str] = []
     step = timedelta(seconds=INTERVAL_S / 20)
     for tick in range(1, 21):
         now = NOW + tick * step
-        due = scheduled_targets(session, deps, now=now)
+        due = scheduled_targets(session, deps, deps.backend.nodes(), now=now)
         for target in due:
             assert target.trigger is CheckTrigger.SCHEDULE
             assert target.window_start == now - timedelta(seconds=INTERVAL_S)
@@ -109,14 +111,16 @@ def test_a_node_is_due_again_one_interval_after_its_check_reading_from_it(
 ) -> None:
     deps = _deps(tmp_path, FakeSlurm(), after_job=False, nodes="gpu-[001-002]")
     control.set_cursor(session, name="fleet_sweep_started", polled_until=NOW - timedelta(days=1))
-    first = {target.node for target in scheduled_targets(session, deps, now=NOW)}
+    first = {
+        target.node for target in scheduled_targets(session, deps, deps.backend.nodes(), now=NOW)
+    }
     assert first == {"gpu-001", "gpu-002"}
     checked = NOW - timedelta(seconds=1)
     _check(session, "gpu-001", checked)
     _check(session, "gpu-002", checked)
-    assert scheduled_targets(session, deps, now=NOW) == []
+    assert scheduled_targets(session, deps, deps.backend.nodes(), now=NOW) == []
     later = NOW + timedelta(seconds=INTERVAL_S)
-    again = scheduled_targets(session, deps, now=later)
+    again = scheduled_targets(session, deps, deps.backend.nodes(), now=later)
     assert {target.node for target in again} == {"gpu-001", "gpu-002"}
     assert {target.window_start for target in again} == {checked}
 
@@ -135,7 +139,7 @@ def test_a_jobs_end_brings_a_check_of_its_nodes_once(session: Session, tmp_path:
     control.set_cursor(session, name=AFTER_JOB_CURSOR, polled_until=NOW - timedelta(minutes=5))
     _check(session, "gpu-005", NOW - timedelta(seconds=5))  # checked after job 43 ended
 
-    targets = scheduled_targets(session, deps, now=NOW)
+    targets = scheduled_targets(session, deps, deps.backend.nodes(), now=NOW)
 
     assert [(t.node, t.trigger, t.after_job_id) for t in targets] == [
         ("gpu-003", CheckTrigger.AFTER_JOB, 41),

@@ -9,13 +9,14 @@ once; its kernel log is read from its previous check on (or from the job's start
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
 from daemon.fleet.schedule import due_nodes
 from daemon.fleet.sweep import SweepDeps, SweepTarget, SweptNode, sweep, sweep_nodes
-from daemon.slurm.records import JobState
+from daemon.slurm.records import JobState, SlurmNode
 from daemon.store import control, node_records
 from daemon.store.models import CheckTrigger
 
@@ -37,11 +38,13 @@ ENDED_STATES = (
 )
 
 
-def scheduled_targets(session: Session, deps: SweepDeps, *, now: datetime) -> list[SweepTarget]:
+def scheduled_targets(
+    session: Session, deps: SweepDeps, slurm_nodes: Sequence[SlurmNode], *, now: datetime
+) -> list[SweepTarget]:
     """The nodes due now by the schedule, then the nodes of jobs that ended since the last look."""
     settings = deps.settings.sweep
     interval = timedelta(seconds=settings.interval_s)
-    nodes = sweep_nodes(deps.backend.nodes(), settings.nodes)
+    nodes = sweep_nodes(slurm_nodes, settings.nodes)
     started = control.get_cursor(session, name=STARTED_CURSOR)
     if started is None:
         started = now
@@ -79,6 +82,7 @@ def scheduled_targets(session: Session, deps: SweepDeps, *, now: datetime) -> li
 
 def run_scheduled_sweep(session: Session, deps: SweepDeps) -> list[SweptNode]:
     """One cycle's share of the sweep: the due nodes probed together, judged, acted on."""
-    targets = scheduled_targets(session, deps, now=deps.clock())
+    slurm_nodes = deps.backend.nodes()  # once a cycle: whom to sweep, and their state
+    targets = scheduled_targets(session, deps, slurm_nodes, now=deps.clock())
     session.commit()
-    return sweep(session, deps, targets, act=True)
+    return sweep(session, deps, targets, act=True, slurm_nodes=slurm_nodes)

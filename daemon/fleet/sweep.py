@@ -91,14 +91,21 @@ def running_by_node(jobs: Iterable[SlurmJob]) -> dict[str, tuple[int, ...]]:
 
 
 def sweep(
-    session: Session, deps: SweepDeps, targets: Sequence[SweepTarget], *, act: bool
+    session: Session,
+    deps: SweepDeps,
+    targets: Sequence[SweepTarget],
+    *,
+    act: bool,
+    slurm_nodes: Sequence[SlurmNode] | None = None,
 ) -> list[SweptNode]:
     """Probe the targets at once, then judge, record and decide each in turn. With `act` off
-    a drain policy would make is recorded as held, and nothing is resumed."""
+    a drain policy would make is recorded as held, and nothing is resumed. `slurm_nodes`: the
+    nodes as Slurm showed them this moment, when the caller has just asked."""
     if not targets:
         return []
     settings = deps.settings
-    slurm = {node.name: node for node in deps.backend.nodes()}
+    shown = deps.backend.nodes() if slurm_nodes is None else slurm_nodes
+    slurm = {node.name: node for node in shown}
     running = running_by_node(deps.backend.running_jobs())
     probes = deps.prober.probe_many(
         [ProbeRequest(target.node, target.window_start) for target in targets], fresh=True
