@@ -37,6 +37,8 @@ TABLES = {
     "audit_event",
     "cursor",
     "control_flag",
+    "notification",
+    "web_request",
 }
 
 

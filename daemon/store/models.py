@@ -126,6 +126,29 @@ class CheckTrigger(StrEnum):
     CORDON = "cordon"  # a person's `nodes drain` / `nodes resume`
 
 
+class NotificationEvent(StrEnum):
+    """What a person is told about (mail and webhook)."""
+
+    APPROVAL_WAITING = "approval_waiting"  # a proposal waits for a person
+    RUN_GIVEN_UP = "run_given_up"  # a lineage exhausted or abandoned
+    RUN_ESCALATED = "run_escalated"  # a relaunch did not pass the failing step
+    NODE_DRAINED = "node_drained"
+
+
+class NotificationChannel(StrEnum):
+    MAIL = "mail"
+    WEBHOOK = "webhook"
+
+
+class NotificationState(StrEnum):
+    """`pending` until sent; `given_up` after the retries; `suppressed` by the rate limit."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    GIVEN_UP = "given_up"
+    SUPPRESSED = "suppressed"
+
+
 class ActorKind(StrEnum):
     DAEMON = "daemon"
     USER = "user"
@@ -412,6 +435,51 @@ class ControlFlag(Base):
     reason: Mapped[str] = mapped_column(NulSafeText)
     set_by: Mapped[str] = mapped_column(String(64))
     set_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class Notification(Base):
+    """One message to one recipient on one channel: recorded before it is sent, so it is sent
+    once (`dedupe` is unique) and retried from the record after a failure or a restart."""
+
+    __tablename__ = "notification"
+    __table_args__ = (
+        _values_check("event", "event", NotificationEvent),
+        _values_check("channel", "channel", NotificationChannel),
+        _values_check("state", "state", NotificationState),
+        Index("ix_notification_state_next", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    event: Mapped[str] = mapped_column(String(24))
+    # What it is about, as `proposal:12`, `lineage:3`, `node_event:9`.
+    subject: Mapped[str] = mapped_column(String(64))
+    channel: Mapped[str] = mapped_column(String(8))
+    recipient: Mapped[str] = mapped_column(String(320))
+    # event, subject, channel and recipient in one string: the same message is never made twice.
+    dedupe: Mapped[str] = mapped_column(String(512), unique=True)
+    title: Mapped[str] = mapped_column(NulSafeText)
+    body: Mapped[str] = mapped_column(NulSafeText)
+    state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column()
+    last_error: Mapped[str | None] = mapped_column(NulSafeText)
+    sent_at: Mapped[datetime | None] = mapped_column()
+
+
+class WebRequest(Base):
+    """A state change asked for on the web page, by its idempotency key: a form sent twice (a
+    double click, a retried POST) is answered from here instead of acting twice."""
+
+    __tablename__ = "web_request"
+
+    idempotency_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    actor_name: Mapped[str] = mapped_column(String(64))
+    # The method and path it was made for: the same key on another request is refused.
+    target: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    status: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict[str, Any]] = mapped_column()
 
 
 class AuditImmutable(Exception):
