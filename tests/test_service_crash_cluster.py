@@ -1,8 +1,10 @@
-"""Exactly once on the real cluster: the daemon dies right before or right after sbatch, a new
-one starts on the same record, and the run is relaunched once and verified.
+"""Exactly once on the real cluster when `slurm-medic submit` dies right after sbatch: the
+daemon finds the job by its token and follows it.
 
 The death is made at the Slurm seam: a backend whose `submit` raises `SystemExit` (which no
-step catches) before or after the real sbatch, as a SIGKILL at that moment would leave it.
+step catches) after the real sbatch, as a SIGKILL at that moment would leave it. The daemon's
+own deaths around a relaunch's sbatch are real SIGKILLs of `slurm-medic run`
+(test_crash_cluster.py).
 """
 
 from __future__ import annotations
@@ -15,15 +17,13 @@ import pytest
 from sqlalchemy import select
 
 from daemon.config import load_settings
-from daemon.evidence.prober import NodeProber, ProbeSettings
-from daemon.gather import OwnerJobFiles
 from daemon.service import Daemon
 from daemon.slurm.backend import SlurmCli
 from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_session_factory
-from daemon.store.models import Action, Incident, Proposal
+from daemon.store.models import Incident
 from daemon.submission import ACCOUNTED_STATES, Sbatch, carries_token, submit_new_lineage
 from daemon.templates.reading import load_template
 from daemon.templates.revisions import initial_revision, knobs_to_json
@@ -35,7 +35,6 @@ from tests.test_service_cluster import (
     daemon_for,
     make_template,
     proposals,
-    submit,
 )
 from tests.test_service_cluster import work_dir as work_dir_fixture
 
@@ -44,12 +43,8 @@ pytestmark = [pytest.mark.cluster]
 work_dir = work_dir_fixture
 
 
-class DiesAtSubmit(SlurmCli):
-    """The real backend, except that the process 'dies' around sbatch."""
-
-    def __init__(self, *, after_sbatch: bool) -> None:
-        super().__init__()
-        self.after_sbatch = after_sbatch
+class DiesAfterSbatch(SlurmCli):
+    """The real backend, except that the process 'dies' right after the real sbatch."""
 
     def submit(
         self,
@@ -61,15 +56,14 @@ class DiesAtSubmit(SlurmCli):
         extra_args: Sequence[str] = (),
         work_dir: str | None = None,
     ) -> int:
-        if self.after_sbatch:
-            super().submit(
-                script,
-                as_user=as_user,
-                comment=comment,
-                exclude_nodes=exclude_nodes,
-                extra_args=extra_args,
-                work_dir=work_dir,
-            )
+        super().submit(
+            script,
+            as_user=as_user,
+            comment=comment,
+            exclude_nodes=exclude_nodes,
+            extra_args=extra_args,
+            work_dir=work_dir,
+        )
         raise SystemExit("killed")
 
 
@@ -82,65 +76,6 @@ def jobs_with(daemon: Daemon, token: str) -> list[int]:
     }
     found |= {job.job_id for job in ended if carries_token(job.comment, token)}
     return sorted(found)
-
-
-@pytest.mark.parametrize("after_sbatch", [True, False], ids=["after-sbatch", "after-intent"])
-def test_killed_around_sbatch_relaunches_exactly_once(
-    devcluster: DevCluster, work_dir: Path, after_sbatch: bool
-) -> None:
-    config = configure(work_dir, devcluster)
-    # The relaunch runs longer than the settle time: reconciliation must find it live.
-    template = make_template(
-        work_dir, "torchrun", "fragmentation", {}, step_seconds=0.3, max_steps=80
-    )
-    settings = load_settings(config)
-    first = daemon_for(settings)
-    probe = settings.probe
-    assert isinstance(probe, ProbeSettings)
-    dying = Daemon(
-        settings,
-        backend=DiesAtSubmit(after_sbatch=after_sbatch),
-        files=OwnerJobFiles(),
-        prober=NodeProber(probe),
-        engine=first.engine,
-    )
-    submit(template, config, work_dir)
-    dying.start()
-    with pytest.raises(SystemExit):
-        cycle_until(dying, lambda: False, timeout_s=90)
-    dying.leader.release()  # the kernel drops a dead process's flock
-
-    with make_session_factory(first.engine)() as session:
-        pending = session.scalars(select(Action).where(Action.result == "pending")).one()
-        token = pending.token
-    assert len(jobs_with(first, token)) == (1 if after_sbatch else 0)
-
-    restarted = daemon_for(settings)
-    restarted.start()
-    cycle_until(
-        restarted,
-        lambda: any(p.state == "verified" for p in proposals(restarted)),
-        timeout_s=120,
-    )
-    with make_session_factory(first.engine)() as session:
-        # The relaunch's sbatch actions (the first submission has its own row).
-        relaunches = select(Action).where(Action.kind == "sbatch", Action.proposal_id.is_not(None))
-        actions = list(session.scalars(relaunches))
-        proposal = session.scalars(select(Proposal)).one()
-    submitted = [action for action in actions if action.slurm_job_id is not None]
-    assert len(submitted) == 1
-    assert proposal.relaunch_job_id == submitted[0].slurm_job_id
-    if after_sbatch:
-        assert [action.result for action in actions] == ["succeeded"]
-        assert jobs_with(first, token) == [submitted[0].slurm_job_id]
-    else:
-        assert [action.result for action in actions] == ["not_found", "succeeded"]
-        assert jobs_with(first, token) == []
-        assert len(jobs_with(first, submitted[0].token)) == 1
-    restarted.leader.release()
-    relaunch = submitted[0].slurm_job_id
-    assert relaunch is not None
-    SlurmCli().cancel(relaunch)  # verified; no need to run it out
 
 
 def test_a_first_submission_whose_cli_died_is_found_and_followed(
@@ -158,7 +93,7 @@ def test_a_first_submission_whose_cli_died_is_found_and_followed(
         with pytest.raises(SystemExit):
             submit_new_lineage(
                 session,
-                DiesAtSubmit(after_sbatch=True),
+                DiesAfterSbatch(),
                 Sbatch(first.script, USER, str(work_dir)),
                 name=template.name,
                 template_dir=str(directory),
