@@ -43,9 +43,12 @@ from pydantic_settings import (
 from daemon.evidence.joblog import DEFAULT_BYTE_BUDGET
 from daemon.evidence.prober import ProbeSettings
 from daemon.evidence.records import FindingKind
+from daemon.metrics.settings import MetricsSettings
+from daemon.notify.settings import NotifySettings
 from daemon.owner_serve import MAX_SCAN_BYTES
 from daemon.slurm.records import JobState
 from daemon.store.settings import StoreSettings
+from daemon.web.settings import WebSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-medic/config.toml")
 CONFIG_ENV = "SLURM_MEDIC_CONFIG"
@@ -263,6 +266,9 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     verify: VerifySettings = VerifySettings()
     sweep: SweepSettings = SweepSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    web: WebSettings = WebSettings()
+    notify: NotifySettings | None = None
     slurm_timeout_s: float = Field(default=30.0, gt=0, le=600)
     # How far back from a log's end its scan may look: the owner's reader opens the log and
     # scans it as `slurm-medic diagnose --log` does, only as far back as the root failure needs,

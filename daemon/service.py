@@ -4,7 +4,8 @@ transaction, one step's failure logged while the others still run:
 reconcile (`submission`: intents a killed submitter left open) -> watch (`watch`: poll finished
 jobs, handle each ended one through `pipeline`; cancel wedged runs) -> act (`actions`) ->
 sweep (`fleet`: the nodes due, drained or resumed on policy) -> verify (`verify`) -> expire
-stale proposals.
+stale proposals -> notify (`notify`: what people are told, into the record's outbox; a thread of
+its own sends it, so a relay that hangs never holds the cycle).
 
 Only the leader acts: a PostgreSQL advisory lock, or an flock on a file beside the SQLite
 database. APScheduler runs the cycle every poll interval and at once when the epilog hook
@@ -28,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,6 +48,11 @@ from daemon.fleet.scheduled import run_scheduled_sweep
 from daemon.fleet.sweep import SweepDeps
 from daemon.gather import JobFiles, OwnerJobFiles
 from daemon.hook import HookError, HookListener, parse_slurm_user
+from daemon.logs import log_decisions
+from daemon.metrics import series as metrics
+from daemon.metrics.record import DaemonLimits
+from daemon.metrics.serve import daemon_registry, serve_metrics
+from daemon.notify.notifier import Notifier
 from daemon.pipeline import DAEMON
 from daemon.slurm.backend import CommandRunner, SlurmBackend
 from daemon.store import control
@@ -198,6 +204,7 @@ class CycleReport:
     wedged_cancelled: list[int] = field(default_factory=list)
     swept: list[Any] = field(default_factory=list)
     expired: int = 0
+    notified: int = 0  # notification rows added to the outbox
     errors: list[str] = field(default_factory=list)
 
 
@@ -222,7 +229,12 @@ class Daemon:
         self.prober = prober
         self.engine = engine or make_engine(settings.store)
         self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        log_decisions(self.sessions)  # each decision the cycle commits is one INFO line
+        self._approvals_seen: set[int] = set()
         self.clock = clock
+        self.notifier = (
+            Notifier(settings.notify, self.sessions, clock) if settings.notify is not None else None
+        )
         self.leader = LeaderLock(self.engine, settings)
         self.stopping = threading.Event()
         self._cycle_lock = threading.Lock()
@@ -253,9 +265,11 @@ class Daemon:
     def cycle(self) -> CycleReport:
         """One pass; each step's failure is logged and the others still run."""
         report = CycleReport()
+        started = time.monotonic()
         with self._cycle_lock:
             if not self.leader.try_acquire():
                 log.info("standby: another slurm-medic holds the leader lock")
+                metrics.cycle_ran(time.monotonic() - started, leader=False)
                 return report
             report.leader = True
             steps: list[tuple[str, Callable[[Session, CycleReport], None]]] = [
@@ -266,6 +280,7 @@ class Daemon:
                 ("sweep", self._step_sweep),
                 ("verify", self._step_verify),
                 ("expire", self._step_expire),
+                ("notify", self._step_notify),
             ]
             intervals = {
                 "wedged": self.settings.watcher.running_interval_s,
@@ -285,6 +300,8 @@ class Daemon:
                         session.rollback()
                         report.errors.append(f"{name}: {error}")
                         log.exception("step %s failed", name)
+                        metrics.step_failed(name)
+        metrics.cycle_ran(time.monotonic() - started, leader=True)
         return report
 
     def _due(self, step: str, interval_s: float) -> bool:
@@ -316,6 +333,7 @@ class Daemon:
         report.wedged_cancelled = self.watch.cancel_wedged(session)
 
     def _step_act(self, session: Session, report: CycleReport) -> None:
+        self._log_approvals_seen(session)
         deps = ActDeps(
             self.settings,
             self.backend,
@@ -326,6 +344,28 @@ class Daemon:
         report.acted = act_on_approved(session, deps)
         for result in report.acted:
             log.info("acted", extra={"fields": dict(vars(result))})
+
+    def _log_approvals_seen(self, session: Session) -> None:
+        """A person's approval is made in another process (the CLI, the web page): the daemon
+        says when it first sees one, once per proposal while it runs."""
+        for proposal in records.proposals_in(session, states=[ProposalState.APPROVED.value]):
+            if proposal.id in self._approvals_seen or proposal.decided_by in (None, DAEMON.name):
+                continue
+            self._approvals_seen.add(proposal.id)
+            log.info(
+                "approval seen: proposal %s (%s) approved by %s",
+                proposal.id,
+                proposal.remediator,
+                proposal.decided_by,
+                extra={
+                    "fields": {
+                        "event": "approval_seen",
+                        "proposal": proposal.id,
+                        "lever": proposal.remediator,
+                        "by": proposal.decided_by,
+                    }
+                },
+            )
 
     def _step_sweep(self, session: Session, report: CycleReport) -> None:
         """The fleet sweep (`daemon.fleet.scheduled`), when configured and nodes can be probed."""
@@ -350,6 +390,15 @@ class Daemon:
             )
             report.expired += 1
 
+    def _step_notify(self, session: Session, report: CycleReport) -> None:
+        """Into the outbox only; the sender thread is woken once the rows are committed."""
+        if self.notifier is None:
+            return
+        report.notified = self.notifier.enqueue(session).added
+        session.commit()
+        if report.notified:
+            self.notifier.thread.wake()
+
     # -- running ----------------------------------------------------------------------------
 
     def run(self, *, once: bool = False) -> None:
@@ -358,9 +407,12 @@ class Daemon:
         if once:
             self.cycle()
             self.leader.release()
+            if self.notifier is not None:
+                self.notifier.send_due()
             return
         from apscheduler.schedulers.blocking import BlockingScheduler  # noqa: PLC0415
 
+        served = self._serve_metrics()  # before READY: an address in use stops the start
         scheduler = BlockingScheduler(timezone=UTC)
         interval = self.settings.watcher.poll_interval_s
         scheduler.add_job(
@@ -385,15 +437,36 @@ class Daemon:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         listener = self._hook_listener(scheduler)
+        if self.notifier is not None:
+            self.notifier.thread.start()
         sd_notify("READY=1")
         try:
             scheduler.start()
         finally:
             if listener is not None:
                 listener.stop()
+            if self.notifier is not None:
+                self.notifier.thread.stop()
             with self._cycle_lock:  # wait for the step in flight
                 self.leader.release()
+            served.close()
             sd_notify("STOPPING=1")
+
+    def _serve_metrics(self) -> ExitStack:
+        """The daemon's /metrics from a thread of its own while `run` runs, if `[metrics]
+        listen` is set; each scrape reads the record in a read-only session."""
+        served = ExitStack()
+        listen = self.settings.metrics.listen
+        if listen is None:
+            return served
+        limits = DaemonLimits(
+            max_drains_per_hour=self.settings.policy.max_drains_per_hour,
+            poll_interval_s=self.settings.watcher.poll_interval_s,
+        )
+        readers = make_session_factory(self.engine, read_only=True)
+        host, port = served.enter_context(serve_metrics(listen, daemon_registry(readers, limits)))
+        log.info("metrics", extra={"fields": {"listen": f"{host}:{port}"}})
+        return served
 
     def _hook_listener(self, scheduler: Any) -> HookListener | None:
         """The epilog hook wakes the cycle now; without the socket the poll still finds all."""
@@ -493,7 +566,7 @@ def daemon_from_settings(settings: Settings) -> Iterator[Daemon]:
     prober = NodeProber(settings.probe) if settings.probe is not None else None
     daemon = Daemon(
         settings,
-        backend=SlurmCli(timeout_s=settings.slurm_timeout_s),
+        backend=SlurmCli(runner=metrics.SlurmErrorCounter(), timeout_s=settings.slurm_timeout_s),
         files=OwnerJobFiles(step_pattern=settings.step_pattern),
         prober=prober,
     )

@@ -1,8 +1,9 @@
 """`slurm-medic run`: the daemon (or one cycle of it with `--once`).
 
 Exit codes: 0 stopped; 2 a config or a setting that cannot be used (refused under sudo
-too, as every command's: `context.CommandContext`); 3 the record is not usable (at another
-schema, missing or unreachable). Each failure is one line, `slurm-medic run: ...`.
+too, as every command's: `context.CommandContext`; a metrics address that cannot be listened
+on); 3 the record is not usable (at another schema, missing or unreachable). Each failure is
+one line, `slurm-medic run: ...`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from daemon.commands.context import CommandContext, config_option
+from daemon.notify.outbox import NotifyConfigError
 from daemon.ssh import UnsafeKey
 from daemon.store.engine import RecordUnavailable, describe_failure, normalise_url
 from daemon.store.schema import SchemaBehind
@@ -29,6 +31,7 @@ def run_command(
 ) -> None:
     """Watch Slurm, diagnose failed jobs, act on approved fixes, verify relaunches."""
     from daemon.logs import configure_logging  # noqa: PLC0415
+    from daemon.metrics.serve import MetricsListenError  # noqa: PLC0415
     from daemon.service import daemon_from_settings  # noqa: PLC0415
 
     overrides: dict[str, dict[str, object]] = {}
@@ -52,4 +55,8 @@ def run_command(
             except (SchemaBehind, RecordUnavailable) as error:
                 raise context.fail(str(error), exit_code=EXIT_SCHEMA) from error
     except UnsafeKey as error:  # the probe key, checked as the prober is made
+        raise context.fail(str(error), exit_code=EXIT_CONFIG) from error
+    except MetricsListenError as error:  # [metrics] listen: in use, or not this host's
+        raise context.fail(error.strerror or str(error), exit_code=EXIT_CONFIG) from error
+    except NotifyConfigError as error:  # [notify]'s mail map or webhook file, read at start
         raise context.fail(str(error), exit_code=EXIT_CONFIG) from error

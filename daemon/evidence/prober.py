@@ -27,6 +27,7 @@ from daemon.evidence.nvidia_smi import MIB
 from daemon.evidence.probe import interpret_probe, unreachable
 from daemon.evidence.records import NodeProbe
 from daemon.evidence.xid import XidCatalog, XidCatalogError, XidOverride, load_catalog
+from daemon.metrics.series import ProbeFailure, probe_fetched
 from daemon.ssh import (
     HostKeyMismatch,
     SshCredentials,
@@ -88,12 +89,14 @@ class ProbeRequest:
 
 @dataclass(frozen=True)
 class RawProbe:
-    """One fetch from one node: the document text, or why there is none."""
+    """One fetch from one node: the document text, or why there is none (in words, and as
+    one of a fixed set of reasons for the metrics)."""
 
     node: str
     fetched_at: datetime
     text: str | None
     error: str | None = None
+    failure: ProbeFailure | None = None
 
 
 Fetch = Callable[[str], RawProbe]
@@ -172,11 +175,15 @@ class NodeProber:
         return results
 
     def _fetch_into(self, node: str, future: Future[RawProbe]) -> None:
+        started = time.monotonic()
         try:
             raw = self._fetch(node)
         except Exception as error:  # a fetch bug must not leave other callers waiting
             log.exception("probe of %s failed unexpectedly", node)
-            raw = RawProbe(node, self._clock(), None, f"probe failed: {error}")
+            raw = RawProbe(
+                node, self._clock(), None, f"probe failed: {error}", ProbeFailure.INTERNAL
+            )
+        probe_fetched(time.monotonic() - started, raw.failure)
         with self._lock:
             self.fetch_count += 1
             self._cache[node] = (time.monotonic(), raw)
@@ -196,9 +203,9 @@ class NodeProber:
             )
         except (HostKeyMismatch, UnknownHostKey) as error:
             log.warning("refused %s: %s", node, error)
-            return RawProbe(node, self._clock(), None, f"refused: {error}")
+            return RawProbe(node, self._clock(), None, f"refused: {error}", ProbeFailure.HOST_KEY)
         except SshError as error:
-            return RawProbe(node, self._clock(), None, str(error))
+            return RawProbe(node, self._clock(), None, str(error), ProbeFailure.SSH)
         if result.exit_status != 0:
             detail = result.stderr.strip().splitlines()[-1:] or ["no message"]
             return RawProbe(
@@ -206,6 +213,7 @@ class NodeProber:
                 self._clock(),
                 None,
                 f"probe program exited {result.exit_status}: {detail[0][:200]}",
+                ProbeFailure.PROBE_EXIT,
             )
         return RawProbe(node, self._clock(), result.stdout)
 
