@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "submit": "daemon.commands.submit:submit_command",
     "sweep": "daemon.commands.sweep:sweep_command",
     "template": "daemon.commands.template:template_group",
+    "web": "daemon.commands.web:web_command",
 }
 
 

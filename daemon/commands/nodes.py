@@ -60,14 +60,20 @@ def nodes_group(
         return
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        latest = node_records.latest_checks(session)
-        in_force = {event.node: event for event in control.drains_in_force(session)}
-        known = {*latest, *in_force, *node_records.event_nodes(session)}
-        document = {
-            "nodes": node_rows(known, latest, in_force),
-            "drains": [drain_document(event) for event in in_force.values()],
-        }
+        document = nodes_document(session)
     context.emit(document, _print_nodes_and_drains)
+
+
+def nodes_document(session: Session) -> dict[str, Any]:
+    """`nodes --json`'s document (for the web page too): every node on the record with its
+    last check and the slurm-medic drain in force, and the drains alone."""
+    latest = node_records.latest_checks(session)
+    in_force = {event.node: event for event in control.drains_in_force(session)}
+    known = {*latest, *in_force, *node_records.event_nodes(session)}
+    return {
+        "nodes": node_rows(known, latest, in_force),
+        "drains": [drain_document(event) for event in in_force.values()],
+    }
 
 
 def _print_nodes_and_drains(console: Console, document: dict[str, Any]) -> None:
@@ -186,42 +192,55 @@ def nodes_resume_command(
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
     with context.session() as session:
-        require_admin_on_record(
-            session,
-            person,
-            context.settings,
-            what="resume a node",
-            verb="node_resume_refused",
-            subject=nodeset,
-            details={"why": why},
-        )
-        in_force = {event.node for event in control.drains_in_force(session)}
-        missing = [node for node in nodes if node not in in_force]
-        if missing:
-            raise NotAllowed(
-                f"the record holds no slurm-medic drain of {', '.join(missing)} in force"
-            )
-        backend = fleet_commands.slurm_backend(context)
-        probes = _probe_now(session, context, person, backend, nodes)
-        reason = f"resumed by {person.name}" + (f": {why}" if why else "")
-        rows: list[dict[str, Any]] = []
-        for node in nodes:
-            probe = _probe_document(probes.get(node))
-            done = change_node(
-                session,
-                backend,
-                person.actor,
-                node=node,
-                kind=NodeEventKind.RESUME,
-                reason=reason,
-                check_id=probe["check"],
-            )
-            outcome = "resumed" if done.error is None else f"not resumed: {done.error}"
-            rows.append({"node": node, "done": outcome, "action": done.action.id, **probe})
-    document = {"by": person.name, "reason": reason, "nodes": rows}
+        document = resume_nodes(session, context, person, nodeset=nodeset, nodes=nodes, why=why)
     context.emit(document, echo_lines(lambda shown: (_node_line(row) for row in shown["nodes"])))
-    if any(row["done"] != "resumed" for row in rows):
+    if any(row["done"] != "resumed" for row in document["nodes"]):
         raise SystemExit(EXIT_NOT_DONE)
+
+
+def resume_nodes(
+    session: Session,
+    context: CommandContext,
+    person: Person,
+    *,
+    nodeset: str,
+    nodes: Sequence[str],
+    why: str,
+) -> dict[str, Any]:
+    """`nodes resume` for the CLI and the web page alike: an admin only (a refusal is on the
+    record, then NotAllowed), only nodes with a slurm-medic drain in force, each probed and
+    resumed through Slurm; the document says what was done to each."""
+    require_admin_on_record(
+        session,
+        person,
+        context.settings,
+        what="resume a node",
+        verb="node_resume_refused",
+        subject=nodeset,
+        details={"why": why},
+    )
+    in_force = {event.node for event in control.drains_in_force(session)}
+    missing = [node for node in nodes if node not in in_force]
+    if missing:
+        raise NotAllowed(f"the record holds no slurm-medic drain of {', '.join(missing)} in force")
+    backend = fleet_commands.slurm_backend(context)
+    probes = _probe_now(session, context, person, backend, nodes)
+    reason = f"resumed by {person.name}" + (f": {why}" if why else "")
+    rows: list[dict[str, Any]] = []
+    for node in nodes:
+        probe = _probe_document(probes.get(node))
+        done = change_node(
+            session,
+            backend,
+            person.actor,
+            node=node,
+            kind=NodeEventKind.RESUME,
+            reason=reason,
+            check_id=probe["check"],
+        )
+        outcome = "resumed" if done.error is None else f"not resumed: {done.error}"
+        rows.append({"node": node, "done": outcome, "action": done.action.id, **probe})
+    return {"by": person.name, "reason": reason, "nodes": rows}
 
 
 def _moment(text: str, hint: str) -> datetime:

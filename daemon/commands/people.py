@@ -22,6 +22,7 @@ import os
 import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import click
 from sqlalchemy.orm import Session
@@ -94,6 +95,78 @@ def authority(person: Person, *, owner: str | None, settings: Settings) -> str |
 # ---------------------------------------------------------------- decisions
 
 
+class ProposalMissing(click.ClickException):
+    """No such proposal in the record (exit 1, click's)."""
+
+
+class NotWaiting(NotAllowed):
+    """The proposal is no longer waiting for a decision (decided, acted on, or withdrawn)."""
+
+
+def decide(
+    session: Session,
+    settings: Settings,
+    person: Person,
+    *,
+    proposal_id: int,
+    to: ProposalState,
+    reason: str,
+    via: str | None = None,
+) -> dict[str, Any]:
+    """Approve or reject on the person's authority, and say what was done; the caller commits
+    (the web stores its idempotency key in the same transaction).
+
+    The one path of the CLI and the web (`via="web"`, noted in the audit details): a person
+    without authority is refused with an audit event naming them (`NotAllowed`, committed
+    first); a proposal no longer waiting raises `NotWaiting`, a missing one `ProposalMissing`.
+    """
+    proposal = session.get(Proposal, proposal_id)
+    if proposal is None:
+        raise ProposalMissing(f"no proposal {proposal_id} in the record")
+    incident = session.get(Incident, proposal.incident_id)
+    owner = incident.user_name if incident is not None else None
+    verb = "approve" if to is ProposalState.APPROVED else "reject"
+    channel = {} if via is None else {"via": via}
+    grounds = authority(person, owner=owner, settings=settings)
+    if grounds is None:
+        repo.append_audit(
+            session,
+            actor=person.actor,
+            verb=f"{verb}_refused",
+            subject_type="proposal",
+            subject_id=proposal_id,
+            details={"owner": owner, "reason": "neither the job owner nor an admin", **channel},
+        )
+        session.commit()
+        raise NotAllowed(
+            f"{person.name} may not {verb} proposal {proposal_id}: only its job's owner"
+            f" ({owner}) or a member of policy.admin_groups may"
+        )
+    try:
+        repo.transition_proposal(
+            session, proposal_id=proposal_id, to=to, actor=person.actor, reason=reason
+        )
+    except IllegalTransition as error:
+        session.rollback()
+        raise NotWaiting(f"proposal {proposal_id} is {error.current}: {error}") from error
+    repo.append_audit(
+        session,
+        actor=person.actor,
+        verb="decision_authority",
+        subject_type="proposal",
+        subject_id=proposal_id,
+        details={"decision": to.value, "grounds": grounds, **channel},
+    )
+    return {
+        "proposal": proposal_id,
+        "state": to.value,
+        "by": person.name,
+        "uid": person.uid,
+        "grounds": grounds,
+        "reason": reason,
+    }
+
+
 def _decide(
     proposal_id: int,
     *,
@@ -106,51 +179,10 @@ def _decide(
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     person = invoking_person()
     with context.session() as session:
-        proposal = session.get(Proposal, proposal_id)
-        if proposal is None:
-            raise click.ClickException(f"no proposal {proposal_id} in the record")
-        incident = session.get(Incident, proposal.incident_id)
-        owner = incident.user_name if incident is not None else None
-        verb = "approve" if to is ProposalState.APPROVED else "reject"
-        grounds = authority(person, owner=owner, settings=context.settings)
-        if grounds is None:
-            repo.append_audit(
-                session,
-                actor=person.actor,
-                verb=f"{verb}_refused",
-                subject_type="proposal",
-                subject_id=proposal_id,
-                details={"owner": owner, "reason": "neither the job owner nor an admin"},
-            )
-            session.commit()
-            raise NotAllowed(
-                f"{person.name} may not {verb} proposal {proposal_id}: only its job's owner"
-                f" ({owner}) or a member of policy.admin_groups may"
-            )
-        try:
-            repo.transition_proposal(
-                session, proposal_id=proposal_id, to=to, actor=person.actor, reason=reason
-            )
-        except IllegalTransition as error:
-            session.rollback()
-            raise NotAllowed(f"proposal {proposal_id} is {error.current}: {error}") from error
-        repo.append_audit(
-            session,
-            actor=person.actor,
-            verb="decision_authority",
-            subject_type="proposal",
-            subject_id=proposal_id,
-            details={"decision": to.value, "grounds": grounds},
+        document = decide(
+            session, context.settings, person, proposal_id=proposal_id, to=to, reason=reason
         )
         session.commit()
-        document = {
-            "proposal": proposal_id,
-            "state": to.value,
-            "by": person.name,
-            "uid": person.uid,
-            "grounds": grounds,
-            "reason": reason,
-        }
     context.emit(
         document,
         say(

@@ -12,20 +12,24 @@ record cannot be used (missing, unreachable, locked, corrupt, or at another sche
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from sqlalchemy.orm import Session
 
 from daemon.commands import node_views, story
-from daemon.commands.context import CommandContext, record_options
+from daemon.commands.context import CommandContext, Render, record_options
 from daemon.diagnosis import FailureKind
 from daemon.slurm.scontrol import validate_node_name
 from daemon.store import control, node_records, queries
 from daemon.store import repository as repo
 from daemon.store.models import Incident, NodeEvent, Proposal
+
+if TYPE_CHECKING:
+    from daemon.config import Settings
 
 _LINEAGE_REF = re.compile(r"[Ll](?:ineage)?[:/]?([0-9]{1,10})\Z")
 _JOB_REF = re.compile(r"([0-9]{1,19})\Z")
@@ -39,42 +43,46 @@ def status_command(config_path: str | None, database_url: str | None, as_json: b
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        flag = control.pause_flag(session)
-        document = {
-            "paused": bool(flag and flag.value),
-            "pause": None
-            if flag is None
-            else {
-                "value": flag.value,
-                "by": flag.set_by,
-                "at": story.when(flag.set_at),
-                "reason": flag.reason,
-            },
-            "dry_run": context.settings.policy.dry_run,
-            "polls": [
-                {"watcher": cursor.name, "polled_until": story.when(cursor.polled_until)}
-                for cursor in control.cursors(session)
-            ],
-            "active_lineages": [
-                {
-                    "id": lineage.id,
-                    "name": lineage.name,
-                    "owner": lineage.owner,
-                    "attempts": lineage.attempts,
-                    "updated_at": story.when(lineage.updated_at),
-                }
-                for lineage in queries.active_lineages(session)
-            ],
-            "pending_approvals": [
-                _pending_document(session, proposal)
-                for proposal in queries.pending_approvals(session)
-            ],
-            "drains": [drain_document(event) for event in control.drains_in_force(session)],
-        }
+        document = status_document(session, context.settings)
     context.emit(document, _print_status)
 
 
-def _pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
+def status_document(session: Session, settings: Settings) -> dict[str, Any]:
+    """What `status --json` prints and the web's overview and `/api/status` start from."""
+    flag = control.pause_flag(session)
+    return {
+        "paused": bool(flag and flag.value),
+        "pause": None
+        if flag is None
+        else {
+            "value": flag.value,
+            "by": flag.set_by,
+            "at": story.when(flag.set_at),
+            "reason": flag.reason,
+        },
+        "dry_run": settings.policy.dry_run,
+        "polls": [
+            {"watcher": cursor.name, "polled_until": story.when(cursor.polled_until)}
+            for cursor in control.cursors(session)
+        ],
+        "active_lineages": [
+            {
+                "id": lineage.id,
+                "name": lineage.name,
+                "owner": lineage.owner,
+                "attempts": lineage.attempts,
+                "updated_at": story.when(lineage.updated_at),
+            }
+            for lineage in queries.active_lineages(session)
+        ],
+        "pending_approvals": [
+            pending_document(session, proposal) for proposal in queries.pending_approvals(session)
+        ],
+        "drains": [drain_document(event) for event in control.drains_in_force(session)],
+    }
+
+
+def pending_document(session: Session, proposal: Proposal) -> dict[str, Any]:
     incident = session.get(Incident, proposal.incident_id)
     return {
         "id": proposal.id,
@@ -194,7 +202,7 @@ def history_command(
     since = parse_since(since_text, now)
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        incidents = queries.find_incidents(
+        document = history_document(
             session,
             since=since,
             until=now + timedelta(seconds=1),
@@ -202,40 +210,56 @@ def history_command(
             user=user,
             limit=limit,
         )
-        proposals: dict[int, list[Proposal]] = {}
-        for proposal in queries.proposals_for_incidents(
-            session, incident_ids=[incident.id for incident in incidents]
-        ):
-            proposals.setdefault(proposal.incident_id, []).append(proposal)
-        rows = [
-            {
-                "incident": incident.id,
-                "at": story.when(incident.occurred_at),
-                "job": incident.slurm_job_id,
-                "lineage": incident.lineage_id,
-                "user": incident.user_name,
-                "kind": incident.kind,
-                "confidence": incident.confidence,
-                "node": incident.node,
-                "step": incident.step,
-                "proposals": [
-                    {
-                        "id": proposal.id,
-                        "remediator": proposal.remediator,
-                        "state": proposal.state,
-                        "decided_by": proposal.decided_by,
-                        "relaunch_job_id": proposal.relaunch_job_id,
-                    }
-                    for proposal in proposals.get(incident.id, [])
-                ],
-            }
-            for incident in incidents
-        ]
-    document = {"since": story.when(since), "incidents": rows}
     context.emit(
         document,
         lambda console, shown: console.print(_history_table(shown["incidents"])),
     )
+
+
+def history_document(
+    session: Session,
+    *,
+    since: datetime,
+    until: datetime,
+    kind: FailureKind | None,
+    user: str | None,
+    limit: int,
+) -> dict[str, Any]:
+    """`history --json`'s document (for the web's API too): the incidents in [since, until),
+    newest first, each with its proposals."""
+    incidents = queries.find_incidents(
+        session, since=since, until=until, kind=kind, user=user, limit=limit
+    )
+    proposals: dict[int, list[Proposal]] = {}
+    for proposal in queries.proposals_for_incidents(
+        session, incident_ids=[incident.id for incident in incidents]
+    ):
+        proposals.setdefault(proposal.incident_id, []).append(proposal)
+    rows = [
+        {
+            "incident": incident.id,
+            "at": story.when(incident.occurred_at),
+            "job": incident.slurm_job_id,
+            "lineage": incident.lineage_id,
+            "user": incident.user_name,
+            "kind": incident.kind,
+            "confidence": incident.confidence,
+            "node": incident.node,
+            "step": incident.step,
+            "proposals": [
+                {
+                    "id": proposal.id,
+                    "remediator": proposal.remediator,
+                    "state": proposal.state,
+                    "decided_by": proposal.decided_by,
+                    "relaunch_job_id": proposal.relaunch_job_id,
+                }
+                for proposal in proposals.get(incident.id, [])
+            ],
+        }
+        for incident in incidents
+    ]
+    return {"since": story.when(since), "incidents": rows}
 
 
 def _history_table(rows: list[dict[str, Any]]) -> Any:
@@ -274,27 +298,44 @@ def show_command(
     """
     context = CommandContext.load(config_path, database_url, as_json=as_json)
     with context.session(read_only=True) as session:
-        lineage = _LINEAGE_REF.match(reference.strip())
-        if lineage:
-            try:
-                document = story.lineage_document(session, lineage_id=int(lineage.group(1)))
-            except repo.NotFound as error:
-                raise click.ClickException(
-                    f"no lineage {lineage.group(1)} in the record"
-                ) from error
-        elif job := _JOB_REF.match(reference.strip()):
-            found = story.job_document(session, slurm_job_id=int(job.group(1)))
-            if found is None:
-                raise click.ClickException(f"job {job.group(1)} is not in the record")
-            document = found
-        else:
-            node = _node_name(reference.strip())
-            node_story = node_records.node_story(session, node)
-            if node_views.is_empty(node_story):
-                raise click.ClickException(f"no node {node} in the record")
-            context.emit(node_views.story_document(node_story), node_views.print_node_story)
-            return
-    context.emit(document, story.print_story)
+        shown = show_document(session, reference)
+    context.emit(shown.document, shown.render)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What `show REFERENCE` found: its document, and whether it is a node's story (else a
+    run's) for the rendering."""
+
+    document: dict[str, Any]
+    is_node: bool
+
+    @property
+    def render(self) -> Render:
+        return node_views.print_node_story if self.is_node else story.print_story
+
+
+def show_document(session: Session, reference: str) -> Shown:
+    """`show --json`'s document (for the web's API too) for a lineage (`L12`), a job id or a
+    node; click.BadParameter when it names none of them, click.ClickException when the
+    record does not hold it."""
+    lineage = _LINEAGE_REF.match(reference.strip())
+    if lineage:
+        try:
+            document = story.lineage_document(session, lineage_id=int(lineage.group(1)))
+        except repo.NotFound as error:
+            raise click.ClickException(f"no lineage {lineage.group(1)} in the record") from error
+        return Shown(document, is_node=False)
+    if job := _JOB_REF.match(reference.strip()):
+        found = story.job_document(session, slurm_job_id=int(job.group(1)))
+        if found is None:
+            raise click.ClickException(f"job {job.group(1)} is not in the record")
+        return Shown(found, is_node=False)
+    node = _node_name(reference.strip())
+    node_story = node_records.node_story(session, node)
+    if node_views.is_empty(node_story):
+        raise click.ClickException(f"no node {node} in the record")
+    return Shown(node_views.story_document(node_story), is_node=True)
 
 
 def _node_name(reference: str) -> str:
