@@ -22,15 +22,16 @@ from daemon.process import run
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "slurm-medic.service"
+WEB_UNIT = DEPLOY / "systemd" / "slurm-medic-web.service"
 EXAMPLE = DEPLOY / "config.example.toml"
 EPILOG = DEPLOY / "epilog" / "slurm-medic-epilog"
 _DISABLED_OPTION = re.compile(r"^#(?=\[|[a-z_])", re.MULTILINE)
 
 
-def _unit() -> ConfigParser:
+def _unit(path: Path = UNIT) -> ConfigParser:
     parser = ConfigParser(interpolation=None, strict=True)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read_string(UNIT.read_text())
+    parser.read_string(path.read_text())
     return parser
 
 
@@ -57,15 +58,32 @@ def test_the_unit_reads_as_owners_not_past_permissions() -> None:
     assert "@system-service" in service["SystemCallFilter"]
 
 
+def test_the_web_unit_serves_the_page_with_no_capability_at_all() -> None:
+    service = _unit(WEB_UNIT)["Service"]
+    assert service["ExecStart"].split()[1:] == ["web", "--config", "/etc/slurm-medic/config.toml"]
+    assert service["CapabilityBoundingSet"] == ""
+    assert service["NoNewPrivileges"] == "yes"
+    assert service["ProtectSystem"] == "strict"
+    # Its own runtime directory: the daemon's unit removes /run/slurm-medic when it stops.
+    assert service["RuntimeDirectory"] != _unit()["Service"]["RuntimeDirectory"]
+    # The example's socket and Open OnDemand's app's default are in that directory.
+    socket_dir = f"/run/{service['RuntimeDirectory']}/"
+    (example_socket,) = re.findall(r'^#socket = "([^"]+)"$', EXAMPLE.read_text(), re.MULTILINE)
+    assert example_socket.startswith(socket_dir)
+    forwarder = (DEPLOY / "web" / "ood" / "slurm-medic" / "passenger_wsgi.py").read_text()
+    assert f'"{example_socket}"' in forwarder
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
-def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [UNIT, WEB_UNIT], ids=lambda path: path.name)
+def test_systemd_accepts_the_unit(tmp_path: Path, source: Path) -> None:
     # verify wants ExecStart to exist: point it at this checkout's entry point.
     entry = Path(sys.executable).with_name("slurm-medic")
-    unit = tmp_path / "slurm-medic.service"
-    unit.write_text(UNIT.read_text().replace("/usr/bin/slurm-medic", str(entry)))
+    unit = tmp_path / source.name
+    unit.write_text(source.read_text().replace("/usr/bin/slurm-medic", str(entry)))
     result = run(["systemd-analyze", "verify", str(unit)], timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "slurm-medic.service" not in result.stderr
+    assert source.name not in result.stderr
 
 
 def test_the_example_config_is_the_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
