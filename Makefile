@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo bench lint typecheck unit system-packages venv cluster-up cluster-down clean
+.PHONY: test demo bench screenshots lint typecheck unit system-packages venv cluster-up cluster-down clean
 
 system-packages:
 	deploy/install-system-packages
@@ -39,6 +39,10 @@ demo: system-packages venv
 
 bench: system-packages venv
 	$(BIN)/python -m tests.bench $(BENCH)
+
+# The README's pictures of the web page, from a seeded record, in Debian's chromium.
+screenshots: system-packages venv
+	$(BIN)/python -m tests.screenshots
 
 cluster-up: system-packages
 	deploy/devcluster/up

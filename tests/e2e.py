@@ -1,10 +1,10 @@
 """End-to-end harness: a real `slurm-medic run` process on its own record, real submissions.
 
 Everything goes through the product's own commands (`db upgrade`, `run`, `submit`,
-`approve`, `show`) as an operator would run them; the record is only read, to decide when a
-stage is over. Scenario templates are the shipped examples with this machine's paths, an
-emulated scenario and short pacing; `--overcommit` lets one job take a single core per node,
-so several scenarios run at once on the 2-core nodes.
+`approve`, `show`, `web` in a browser) as an operator would run them; the record is only
+read, to decide when a stage is over. Scenario templates are the shipped examples with this
+machine's paths, an emulated scenario and short pacing; `--overcommit` lets one job take a
+single core per node, so several scenarios run at once on the 2-core nodes.
 
 Two limits of the daemon this suite found, and how the harness met them. CLI_WRITE_RACE:
 a CLI write (submit, approve) committed while a daemon step was between its first read
@@ -46,6 +46,7 @@ from daemon.config import DEFAULT_CONFIG_PATH
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Action, AuditEvent, Incident, Lineage, Proposal
 from daemon.store.settings import StoreSettings
+from tests.browser import WebServer, web_server
 
 REPO = Path(__file__).resolve().parent.parent
 MEDIC = REPO / ".venv" / "bin" / "slurm-medic"
@@ -311,6 +312,14 @@ class Medic:
                 f"slurm-medic {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
             )
         return done
+
+    @contextmanager
+    def web(self) -> Iterator[WebServer]:
+        """`slurm-medic web` on this record, as root on a free loopback port, trusting
+        loopback as the site's proxy (tests/browser.py); stopped on the way out."""
+        base = self.config.read_text(encoding="utf-8")
+        with web_server(self.work_dir / "web", base) as server:
+            yield server
 
     def submit(self, template: Path) -> tuple[int, int, str]:
         """`slurm-medic submit` as root for the job user: (lineage, job, token)."""

@@ -4,7 +4,9 @@ says, a real cgroup kill for host RAM).
 
 Phase one runs the six scenarios that need only healthy nodes at once under one
 `slurm-medic run` (several lineages at a time, as on a real cluster); the levers that change
-the science are approved through the CLI as alice (`sudo slurm-medic approve`). The node
+the science are approved through the CLI as alice (`sudo slurm-medic approve`), except the
+step-0 true OOM's, which alice approves on the web page in chromium (`slurm-medic web` on the
+same record, alice logged in through the proxy header), and the daemon acts on it. The node
 scenarios then run one after the other on their own record, because a drained gpu-03
 shrinks the cluster for everyone: XID 79 (drained with a `medic:` reason, relaunch
 excludes it), then a co-tenant on the same node (excluded, pid reported, batch kept).
@@ -21,11 +23,13 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page
 from sqlalchemy import select
 
 from daemon import process
 from daemon.slurm.records import MEDIC_REASON_PREFIX
-from daemon.store.models import NodeEvent
+from daemon.store.models import AuditEvent, NodeEvent
+from tests.browser import WebServer, approve_on_page, chromium, page_as
 from tests.devcluster import DevCluster, wait_for_end
 from tests.e2e import (
     FINAL_PROPOSAL_STATES,
@@ -117,6 +121,8 @@ EXPECTED = {
     "cotenant": Expect("cotenant", "exclude_node", waits=False),
 }
 LOOP_TIMEOUT_S = 150
+# The scenario whose approval alice gives on the web page instead of the CLI.
+WEB_SCENARIO = "true-oom-step0"
 # The dev cluster's slurm.conf: slurmctld forgets an ended job after this long.
 MIN_JOB_AGE_S = 5
 
@@ -140,9 +146,19 @@ def probe_settings(cluster: DevCluster) -> dict[str, str]:
     }
 
 
-def close_loops(medic: Medic, runs: list[Run]) -> None:
+@dataclass(frozen=True)
+class WebApprover:
+    """Alice's page on `slurm-medic web`: `scenario`'s approvals are given there."""
+
+    scenario: str
+    server: WebServer
+    page: Page
+
+
+def close_loops(medic: Medic, runs: list[Run], web: WebApprover | None = None) -> None:
     """Alice approves whatever waits for a person, rung after rung, until every lineage has
-    an outcome (verified, or stopped for a person)."""
+    an outcome (verified, or stopped for a person): on the web page for `web.scenario`,
+    through the CLI for the rest."""
     medic.wait_for(
         "every lineage's first proposal", partial(all_proposed, medic, runs), LOOP_TIMEOUT_S
     )
@@ -153,13 +169,11 @@ def close_loops(medic: Medic, runs: list[Run]) -> None:
         for run, proposal in zip(runs, newest, strict=True):
             if proposal.state == "proposed" and proposal.id not in approved:
                 approved.add(proposal.id)
-                medic.cli(
-                    "approve",
-                    str(proposal.id),
-                    "--comment",
-                    f"e2e: the {run.scenario.name} fix looks right",
-                    as_user=USER,
-                )
+                comment = f"e2e: the {run.scenario.name} fix looks right"
+                if web is not None and run.scenario.name == web.scenario:
+                    approve_on_page(web.page, web.server, proposal.id, comment)
+                else:
+                    medic.cli("approve", str(proposal.id), "--comment", comment, as_user=USER)
         if all(proposal.state in FINAL_PROPOSAL_STATES for proposal in newest):
             return
         time.sleep(0.5)
@@ -185,7 +199,10 @@ def healthy_runs(
             lineage, job, token = medic.submit(make_template(work_dir, scenario))
             runs.append(Run(medic, scenario, lineage, job, token))
         medic.start()
-        close_loops(medic, runs)
+        with medic.web() as server, chromium() as browser:
+            context, page = page_as(browser, USER, server.secret)
+            with context:
+                close_loops(medic, runs, WebApprover(WEB_SCENARIO, server, page))
         yield {run.scenario.name: run for run in runs}
         remove_unless_failed(work_dir, request)
     finally:
@@ -284,6 +301,41 @@ def check_closed_loop(run: Run) -> None:
 @pytest.mark.parametrize("name", [scenario.name for scenario in HEALTHY])
 def test_scenario_closes_its_loop(healthy_runs: dict[str, Run], name: str) -> None:
     check_closed_loop(healthy_runs[name])
+
+
+def test_an_approval_on_the_web_page_reaches_the_daemon(healthy_runs: dict[str, Run]) -> None:
+    """The step-0 true OOM's loop closed (test_scenario_closes_its_loop: relaunched once,
+    verified, decided by alice) on an approval alice gave in chromium; the CLI's were not."""
+    on_web = healthy_runs[WEB_SCENARIO]
+    proposal = on_web.medic.proposals(on_web.lineage)[0]
+    assert proposal.decided_by == USER
+    assert proposal.relaunch_job_id is not None
+    assert decisions(on_web) == [(USER, "approved", "job owner", "web")]
+    through_cli = healthy_runs["true-oom-midrun"]
+    assert decisions(through_cli) == [(USER, "approved", "job owner", None)]
+
+
+def decisions(run: Run) -> list[tuple[str, object, object, object]]:
+    """Who decided the lineage's first proposal, what, on what grounds and through what,
+    as the audit trail's `decision_authority` events say."""
+    proposal = run.medic.proposals(run.lineage)[0]
+    with run.medic.session() as session:
+        events = session.scalars(
+            select(AuditEvent).where(
+                AuditEvent.verb == "decision_authority",
+                AuditEvent.subject_type == "proposal",
+                AuditEvent.subject_id == str(proposal.id),
+            )
+        )
+        return [
+            (
+                event.actor_name,
+                event.details.get("decision"),
+                event.details.get("grounds"),
+                event.details.get("via"),
+            )
+            for event in events
+        ]
 
 
 def test_fragmentation_changes_only_the_allocator(healthy_runs: dict[str, Run]) -> None:
