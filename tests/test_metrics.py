@@ -104,7 +104,10 @@ def seed(session: Session) -> Seeded:
     """Five incidents (three true OOMs, fragmentation, hardware), a proposal on each: approved
     by policy and relaunched 3 min after its job ended, rejected by alice, approved by bob,
     expired, still waiting; drains by medic, by someone else, a cordon; two lineages."""
-    ended = NOW - timedelta(minutes=3)
+    # The record's own stamps (a submission's `finished_at`) are the real clock's: the seed's
+    # times are that clock's too, read now, not when the module was imported minutes before.
+    now = datetime.now(UTC).replace(microsecond=0)
+    ended = now - timedelta(minutes=3)
     kinds = [
         FailureKind.TRUE_OOM,
         FailureKind.TRUE_OOM,
@@ -133,7 +136,7 @@ def seed(session: Session) -> Seeded:
     repo.transition_proposal(
         session, proposal_id=expired.id, to=ProposalState.EXPIRED, actor=DAEMON
     )
-    recent = NOW - timedelta(minutes=10)
+    recent = now - timedelta(minutes=10)
     for node, event, by_medic, finding in (
         ("gpu-03", NodeEventKind.DRAIN, True, None),
         ("gpu-04", NodeEventKind.DRAIN, True, None),
@@ -156,15 +159,15 @@ def seed(session: Session) -> Seeded:
         kind=NodeEventKind.DRAIN,
         by_medic=True,
         reason="medic: last week",
-        occurred_at=NOW - timedelta(days=7),
+        occurred_at=now - timedelta(days=7),
     )
     given_up = repo.create_lineage(session, name="llama", owner="alice", template="t")
     repo.create_lineage(session, name="gpt", owner="alice", template="t")
     repo.set_lineage_status(
         session, lineage_id=given_up.id, status=LineageStatus.EXHAUSTED, actor=DAEMON, reason="x"
     )
-    control.set_cursor(session, name="finished_jobs", polled_until=NOW)
-    control.set_cursor(session, name="some_future_watcher", polled_until=NOW)
+    control.set_cursor(session, name="finished_jobs", polled_until=now)
+    control.set_cursor(session, name="some_future_watcher", polled_until=now)
     session.commit()
     cursor = session.get(Cursor, "finished_jobs")
     assert cursor is not None
