@@ -238,3 +238,26 @@ def test_a_site_may_let_everyone_see_every_run_but_not_decide(tmp_path: Path) ->
     }
     assert "/approve" not in approvals.text
     assert "No proposal waits for you." in approvals.text
+
+
+def test_a_body_too_big_is_refused_unread_whether_announced_or_chunked(
+    web_record: WebRecord,
+) -> None:
+    client = web_record.client()
+    url = f"/approvals/{web_record.alices_proposal}/approve"
+    big = b"comment=" + b"x" * (64 * 1024)
+    announced = client.post(url, content=big, headers=web_record.headers(OWNER))
+    assert announced.status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(200):
+            yield b"x" * 1024
+
+    chunked = client.post(
+        url,
+        content=chunks(),
+        headers={**web_record.headers(OWNER), "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert chunked.status_code == 413
+    assert web_record.proposal(web_record.alices_proposal).state == "proposed"
+    assert web_record.web_requests() == []

@@ -60,6 +60,60 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+# A form or an API body is a comment and two tokens; anything bigger is refused unread, so no
+# one can make the server hold a body of their choosing in memory.
+MAX_BODY_BYTES = 64 * 1024
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Answers 413 to a body over MAX_BODY_BYTES: by its Content-Length before anything is
+    read, and, for a chunked body, as soon as the chunks read add up to more."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > MAX_BODY_BYTES):
+                await _too_large(scope, receive, send)
+                return
+        received = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    raise _BodyTooLarge
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _BodyTooLarge:
+            if started:
+                raise
+            await _too_large(scope, receive, send)
+
+
+async def _too_large(scope: Scope, receive: Receive, send: Send) -> None:
+    answer = PlainTextResponse(f"a request body holds at most {MAX_BODY_BYTES} bytes\n", 413)
+    await answer(scope, receive, send)
+
+
 # A path prefix of plain segments: never `//host` or `javascript:`, never a quote.
 _PREFIX = re.compile(r"(?:/[A-Za-z0-9._~-]+){1,16}\Z")
 
@@ -136,6 +190,7 @@ def create_app(
         middleware=[
             Middleware(SecurityHeaders),
             Middleware(ForwardedPrefix),
+            Middleware(BodyLimit),
             Middleware(IdentityMiddleware, web=context.settings.web, secret=proxy_secret),
         ],
         exception_handlers={RecordUnusable: record_unusable},

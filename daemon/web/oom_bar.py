@@ -107,7 +107,14 @@ def oom_bar(figures: OomFigures) -> OomBar | None:
     """The bar for these numbers; None when there is neither a card nor a request to draw."""
     complete = _derived(figures)
     parts = _card_parts(complete)
-    scale = max(complete.total or 0, sum(size for _, size in parts), complete.requested or 0)
+    # The reserve too: figures that disagree (reserved above allocated + stranded, as a
+    # message's rounding can make them) still give a bar to hold them.
+    scale = max(
+        complete.total or 0,
+        sum(size for _, size in parts),
+        complete.requested or 0,
+        complete.reserved or 0,
+    )
     if scale == 0:
         return None
     card: list[Segment] = []
