@@ -24,8 +24,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from daemon.store.models import ActorKind, AuditEvent, NodeEvent
 
-# Libraries whose INFO lines are their own housekeeping, not the daemon's decisions.
-QUIET_LOGGERS = ("apscheduler",)
+# Libraries whose INFO lines are their own housekeeping, not the daemon's decisions: the
+# scheduler's every run, and Alembic's two lines at each schema check (every web request's).
+QUIET_LOGGERS = ("apscheduler", "alembic")
 decisions_log = logging.getLogger("slurm_medic.decisions")
 _PENDING = "slurm_medic_decisions"  # the session.info key of the events not yet committed
 # Keys of a line the formatter writes itself: an audit event's details never overwrite them.

@@ -12,6 +12,7 @@ record cannot be used (missing, unreachable, locked, corrupt, or at another sche
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -235,31 +236,33 @@ def history_document(
         session, incident_ids=[incident.id for incident in incidents]
     ):
         proposals.setdefault(proposal.incident_id, []).append(proposal)
-    rows = [
-        {
-            "incident": incident.id,
-            "at": story.when(incident.occurred_at),
-            "job": incident.slurm_job_id,
-            "lineage": incident.lineage_id,
-            "user": incident.user_name,
-            "kind": incident.kind,
-            "confidence": incident.confidence,
-            "node": incident.node,
-            "step": incident.step,
-            "proposals": [
-                {
-                    "id": proposal.id,
-                    "remediator": proposal.remediator,
-                    "state": proposal.state,
-                    "decided_by": proposal.decided_by,
-                    "relaunch_job_id": proposal.relaunch_job_id,
-                }
-                for proposal in proposals.get(incident.id, [])
-            ],
-        }
-        for incident in incidents
-    ]
+    rows = [history_row(incident, proposals.get(incident.id, [])) for incident in incidents]
     return {"since": story.when(since), "incidents": rows}
+
+
+def history_row(incident: Incident, proposals: Sequence[Proposal]) -> dict[str, Any]:
+    """One incident of the history, with what was proposed for it (the CLI's and the web's)."""
+    return {
+        "incident": incident.id,
+        "at": story.when(incident.occurred_at),
+        "job": incident.slurm_job_id,
+        "lineage": incident.lineage_id,
+        "user": incident.user_name,
+        "kind": incident.kind,
+        "confidence": incident.confidence,
+        "node": incident.node,
+        "step": incident.step,
+        "proposals": [
+            {
+                "id": proposal.id,
+                "remediator": proposal.remediator,
+                "state": proposal.state,
+                "decided_by": proposal.decided_by,
+                "relaunch_job_id": proposal.relaunch_job_id,
+            }
+            for proposal in proposals
+        ],
+    }
 
 
 def _history_table(rows: list[dict[str, Any]]) -> Any:

@@ -26,7 +26,12 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from daemon.commands import story
-from daemon.commands.record_views import history_document, parse_since, show_document
+from daemon.commands.record_views import (
+    history_document,
+    history_row,
+    parse_since,
+    show_document,
+)
 from daemon.diagnosis import FailureKind
 from daemon.store import queries
 from daemon.store import repository as repo
@@ -233,22 +238,8 @@ def _runs_values(request: Request, page: RunsPage | None, error: str | None) -> 
 
 
 def _row_values(row: RunRow) -> dict[str, Any]:
-    incident = row.incident
-    return {
-        "incident": incident.id,
-        "at": story.short(story.when(incident.occurred_at)),
-        "job": incident.slurm_job_id,
-        "lineage": incident.lineage_id,
-        "user": incident.user_name,
-        "kind": incident.kind,
-        "confidence": incident.confidence,
-        "node": incident.node,
-        "step": incident.step,
-        "state": row.lineage_status,
-        "proposals": [
-            {"id": p.id, "remediator": p.remediator, "state": p.state} for p in row.proposals
-        ],
-    }
+    values = history_row(row.incident, row.proposals)
+    return {**values, "at": story.short(values["at"]), "state": row.lineage_status}
 
 
 def run_page(request: Request) -> Response:
