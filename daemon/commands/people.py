@@ -67,17 +67,18 @@ def invoking_person(environ: Mapping[str, str] | None = None, uid: int | None = 
         entry = pwd.getpwuid(real)
     except KeyError as error:
         raise NotAllowed(f"uid {real} has no passwd entry; who is asking?") from error
-    groups = frozenset(_group_name(gid) for gid in os.getgrouplist(entry.pw_name, entry.pw_gid)) - {
-        ""
-    }
-    return Person(name=entry.pw_name, uid=real, groups=groups, is_root=is_root)
+    return Person(name=entry.pw_name, uid=real, groups=groups_of(entry), is_root=is_root)
 
 
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return ""
+def groups_of(entry: pwd.struct_passwd) -> frozenset[str]:
+    """The names of the user's groups in the OS group database (a gid with no name left out)."""
+    names = set()
+    for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return frozenset(names)
 
 
 def authority(person: Person, *, owner: str | None, settings: Settings) -> str | None:

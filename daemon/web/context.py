@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from daemon.commands.context import CommandContext
-from daemon.commands.people import Person
+from daemon.commands.people import Person, authority
 from daemon.config import Settings
 from daemon.store.models import WebRequest
 
@@ -94,14 +94,12 @@ def root_path(request: Request) -> str:
 
 def may_see(request: Request, owner: str | None) -> bool:
     """Whether the person may see a run of `owner`: theirs, or they are an admin or root, or
-    the site lets everyone see everything (`web.everyone_sees_all`)."""
-    person = person_of(request)
+    the site lets everyone see everything (`web.everyone_sees_all`): who may decide on a run
+    may see it (`people.authority`)."""
     settings = settings_of(request)
-    if settings.web.everyone_sees_all or person.is_root:
+    if settings.web.everyone_sees_all:
         return True
-    if person.groups & set(settings.policy.admin_groups):
-        return True
-    return owner is not None and owner == person.name
+    return authority(person_of(request), owner=owner, settings=settings) is not None
 
 
 def csrf_token(request: Request) -> str:

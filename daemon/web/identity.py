@@ -21,7 +21,6 @@ Anything else is answered 401 before any page runs.
 from __future__ import annotations
 
 import asyncio
-import grp
 import hmac
 import html
 import ipaddress
@@ -40,7 +39,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from daemon.commands.people import Person
+from daemon.commands.people import Person, groups_of
 from daemon.web.settings import WebSettings
 
 # Where a unix-socket connection's credentials travel in scope["state"].
@@ -98,7 +97,7 @@ def person_of_uid(uid: int) -> Person:
         entry = pwd.getpwuid(uid)
     except KeyError as error:
         raise Unidentified(f"uid {uid} has no passwd entry") from error
-    return Person(name=entry.pw_name, uid=uid, groups=_groups(entry), is_root=uid == 0)
+    return Person(name=entry.pw_name, uid=uid, groups=groups_of(entry), is_root=uid == 0)
 
 
 def person_named(name: str) -> Person:
@@ -109,17 +108,7 @@ def person_named(name: str) -> Person:
         entry = pwd.getpwnam(name)
     except KeyError as error:
         raise Unidentified(f"no user {name} on this system") from error
-    return Person(name=entry.pw_name, uid=entry.pw_uid, groups=_groups(entry), is_root=False)
-
-
-def _groups(entry: pwd.struct_passwd) -> frozenset[str]:
-    names = set()
-    for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return frozenset(names)
+    return Person(name=entry.pw_name, uid=entry.pw_uid, groups=groups_of(entry), is_root=False)
 
 
 def read_proxy_secret(path: Path) -> bytes:

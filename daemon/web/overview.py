@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from daemon.commands.people import NotAllowed, Person, require_admin
+from daemon.commands.people import Person, authority
 from daemon.commands.record_views import status_document
 from daemon.config import Settings
 from daemon.diagnosis import FailureKind
@@ -131,15 +131,6 @@ def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def sees_everything(person: Person, settings: Settings) -> bool:
-    """Root, admins and (where the site says so) everyone see every user's runs."""
-    return (
-        settings.web.everyone_sees_all
-        or person.is_root
-        or bool(person.groups & set(settings.policy.admin_groups))
-    )
-
-
 def visible_status(request: Request, document: Mapping[str, Any]) -> dict[str, Any]:
     """`status_document` cut to the runs and approvals the person may see."""
     return {
@@ -166,7 +157,7 @@ def overview_page(request: Request) -> Response:
     person = person_of(request)
     settings = settings_of(request)
     now = datetime.now(UTC)
-    everything = sees_everything(person, settings)
+    everything = may_see(request, None)
     with record_session(request) as session:
         document = visible_status(request, status_document(session, settings))
         since = (now - timedelta(days=CHART_DAYS - 1)).replace(
@@ -178,18 +169,11 @@ def overview_page(request: Request) -> Response:
         "status": document,
         "chart": incident_chart(occurrences, today=now.date()),
         "chart_is_everyones": everything,
-        "is_admin": require_admin_or_none(person, settings) is not None,
+        "is_admin": authority(person, owner=None, settings=settings) is not None,
         "flash": flash,
         "max_pause_reason": MAX_PAUSE_REASON,
     }
     return render(request, "overview.html.j2", values)
-
-
-def require_admin_or_none(person: Person, settings: Settings) -> str | None:
-    try:
-        return require_admin(person, settings, "pause or resume slurm-medic")
-    except NotAllowed:
-        return None
 
 
 async def pause_post(request: Request) -> Response:
@@ -215,7 +199,7 @@ def set_pause(
     paused = wanted == "true"
     reason = fields.get("why", "").strip()[:MAX_PAUSE_REASON]
     verb = "pause" if paused else "unpause"
-    grounds = require_admin_or_none(person, settings)
+    grounds = authority(person, owner=None, settings=settings)
     if grounds is None:
         repo.append_audit(
             session,
