@@ -470,6 +470,16 @@ def jobs_with_token(token: str, minutes: int = 30) -> list[int]:
     return sorted(found)
 
 
+def accounted_jobs(token: str, timeout_s: float = 15.0) -> list[int]:
+    """`jobs_with_token` for a job that must be there: asked again until Slurm shows one. A
+    job slurmctld has just forgotten (MinJobAge=5 s here) reaches sacct only once slurmdbd has
+    stored its record, a moment later; in between neither squeue nor sacct shows it."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := jobs_with_token(token)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
+
+
 def job_log(work_dir: Path, job_id: int) -> str:
     """The job's output file (pattern `%x-%j.out` in the work dir)."""
     matches = list(work_dir.glob(f"*-{job_id}.out"))

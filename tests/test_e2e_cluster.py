@@ -37,8 +37,8 @@ from tests.e2e import (
     Medic,
     Scenario,
     StageFailed,
+    accounted_jobs,
     job_log,
-    jobs_with_token,
     make_template,
     make_work_dir,
     node_list,
@@ -278,10 +278,10 @@ def check_closed_loop(run: Run) -> None:
     relaunch = proposal.relaunch_job_id
     assert relaunch is not None
     # Exactly once: one job per token in Slurm, the first and the relaunch.
-    assert jobs_with_token(run.token) == [run.first_job]
+    assert accounted_jobs(run.token) == [run.first_job]
     sbatch = [action for action in medic.actions([proposal.id]) if action.kind == "sbatch"]
     assert [(a.result, a.slurm_job_id) for a in sbatch] == [("succeeded", relaunch)]
-    assert jobs_with_token(sbatch[0].token) == [relaunch]
+    assert accounted_jobs(sbatch[0].token) == [relaunch]
     log = job_log(medic.work_dir, relaunch)
     assert "training completed" in log
     # From the last good checkpoint when the dead run wrote one (some die before their first).

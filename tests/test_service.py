@@ -98,7 +98,9 @@ def test_a_leader_whose_session_died_is_leader_no_more(postgres_server: Postgres
         with make_engine_like(engine).connect() as admin:
             admin.execute(
                 text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks"
+                    # Waits (up to 10 s) for the backend to end: without a timeout the
+                    # call only signals it, and the lock may still be held a moment later.
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks"
                     " WHERE locktype = 'advisory' AND granted AND database ="
                     " (SELECT oid FROM pg_database WHERE datname = current_database())"
                 )
