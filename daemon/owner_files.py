@@ -52,7 +52,7 @@ from daemon.owner_walk import (
     path_below,
     path_components,
 )
-from daemon.process import CommandError, CommandTimeout, run
+from daemon.process import CommandError, CommandTimeout, as_user_argv, run
 from daemon.store.codec import CodecError, from_json
 
 _CHILD_MODULE = "daemon.owner_serve"
@@ -245,22 +245,11 @@ class OwnerFiles:
             as_owner = os.geteuid() == self.owner.uid
             return _unwrap(answer(request, as_owner=as_owner), request, self.owner)
         cpu_seconds = math.ceil(self.timeout_s) + 5
-        argv = [
-            "setpriv",
-            "--reuid",
-            str(self.owner.uid),
-            "--regid",
-            str(self.owner.gid),
-            "--init-groups",
-            "--no-new-privs",
-            "--",
-            sys.executable,
-            "-I",
-            "-B",
-            "-m",
-            _CHILD_MODULE,
-            str(cpu_seconds),
-        ]
+        argv = as_user_argv(
+            self.owner.uid,
+            self.owner.gid,
+            [sys.executable, "-I", "-B", "-m", _CHILD_MODULE, str(cpu_seconds)],
+        )
         path = str(request["path"])
         try:
             result = run(

@@ -71,6 +71,21 @@ class CommandOutputTooLarge(CommandError):
     """The command printed more than it may; its process group was killed."""
 
 
+def as_user_argv(uid: int, gid: int, argv: Sequence[str]) -> list[str]:
+    """`argv` run as the user `uid`: real and effective ids, primary group and supplementary
+    groups of that user, and no way back up (no_new_privs), so the kernel and every daemon the
+    command talks to (slurmctld through munge) see only that user's rights. For root only."""
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--init-groups",
+        "--no-new-privs",
+        "--",
+        *argv,
+    ]
+
+
 def run(
     argv: Sequence[str],
     *,

@@ -201,6 +201,15 @@ def keep_requested() -> bool:
     return os.environ.get("DEVCLUSTER_KEEP") == "1"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def job_users() -> None:
+    """The local cluster's accounts (alice, bob, medic), made before the first test as root:
+    tests that read, submit or approve as a job's owner need them on a machine where the
+    cluster never came up. Not root: nothing is made, and those tests say what is missing."""
+    if os.geteuid() == 0:
+        script(["users"])
+
+
 @pytest.fixture(scope="session")
 def devcluster() -> Iterator[DevCluster]:
     """The running local cluster; started for this session when it was not up."""

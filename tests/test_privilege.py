@@ -40,8 +40,16 @@ from tests.e2e import MEDIC, with_system_config
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
-ALICE = pwd.getpwnam("alice")
-ALICE_GROUP = grp.getgrgid(ALICE.pw_gid).gr_name
+
+def _alice() -> pwd.struct_passwd:
+    """alice's account, looked up when a test runs (the suite's `job_users` makes it)."""
+    return pwd.getpwnam("alice")
+
+
+def _alice_group() -> str:
+    return grp.getgrgid(_alice().pw_gid).gr_name
+
+
 ROOT_IDS = ProcessIds(uid=0, euid=0, gid=0, egid=0)
 
 
@@ -98,7 +106,7 @@ def _config(path: Path, url: str, admin_groups: tuple[str, ...] = ()) -> Path:
 def _as_alice_under_sudo(system_config: Path, *args: str, **env: str) -> Result:
     """`sudo slurm-medic ARGS` run by alice, with `system_config` as the system config."""
     with mock.patch("daemon.config.DEFAULT_CONFIG_PATH", system_config):
-        return CliRunner().invoke(main, list(args), env={"SUDO_UID": str(ALICE.pw_uid), **env})
+        return CliRunner().invoke(main, list(args), env={"SUDO_UID": str(_alice().pw_uid), **env})
 
 
 def _state_and_approvals(url: str, proposal_id: int) -> tuple[str, list[str]]:
@@ -122,7 +130,7 @@ def test_under_sudo_a_callers_own_config_grants_no_approval(
 ) -> None:
     url, proposal_id = record
     system = _config(tmp_path / "system.toml", url)
-    own = _config(tmp_path / "alice.toml", url, admin_groups=(ALICE_GROUP,))
+    own = _config(tmp_path / "alice.toml", url, admin_groups=(_alice_group(),))
 
     by_flag = _as_alice_under_sudo(system, "approve", str(proposal_id), "--config", str(own))
     assert by_flag.exit_code == 2, by_flag.output
@@ -138,7 +146,7 @@ def test_under_sudo_a_callers_own_config_grants_no_approval(
         system,
         "approve",
         str(proposal_id),
-        SLURM_MEDIC_POLICY__ADMIN_GROUPS=f'["{ALICE_GROUP}"]',
+        SLURM_MEDIC_POLICY__ADMIN_GROUPS=f'["{_alice_group()}"]',
     )
     assert by_option.exit_code == 2
     assert "SLURM_MEDIC_POLICY__ADMIN_GROUPS" in by_option.output
@@ -154,7 +162,7 @@ def test_under_sudo_the_system_config_grants_what_it_says(
     record: tuple[str, int], tmp_path: Path
 ) -> None:
     url, proposal_id = record
-    system = _config(tmp_path / "system.toml", url, admin_groups=(ALICE_GROUP,))
+    system = _config(tmp_path / "system.toml", url, admin_groups=(_alice_group(),))
     result = _as_alice_under_sudo(system, "approve", str(proposal_id), "--json")
     assert result.exit_code == 0, result.output
     assert _state_and_approvals(url, proposal_id) == ("approved", ["alice"])
@@ -196,7 +204,7 @@ def test_set_id_processes_are_confined_whatever_their_environment() -> None:
 def test_a_flag_setting_is_refused_under_sudo_too(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("SUDO_UID", str(ALICE.pw_uid))
+    monkeypatch.setenv("SUDO_UID", str(_alice().pw_uid))
     monkeypatch.setattr("daemon.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     with pytest.raises(PrivilegeError, match=r"refused: the setting policy\.dry_run"):
         load_settings(overrides={"policy": {"dry_run": True}})
@@ -207,9 +215,9 @@ def test_a_config_in_the_callers_directory_is_never_read(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """pydantic-settings reads a TOML file only when one is named; the caller's cwd is theirs."""
-    _config(tmp_path / "config.toml", sqlite_url(tmp_path / "x.db"), admin_groups=(ALICE_GROUP,))
+    _config(tmp_path / "config.toml", sqlite_url(tmp_path / "x.db"), admin_groups=(_alice_group(),))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SUDO_UID", str(ALICE.pw_uid))
+    monkeypatch.setenv("SUDO_UID", str(_alice().pw_uid))
     monkeypatch.setattr("daemon.config.DEFAULT_CONFIG_PATH", tmp_path / "absent" / "config.toml")
     assert load_settings().policy.admin_groups == ()
 
@@ -222,7 +230,7 @@ def test_a_set_id_process_refuses_the_callers_config(
 ) -> None:
     """A real process with real and effective ids apart, as a set-id wrapper would start."""
     url, _ = record
-    own = _config(tmp_path / "alice.toml", url, admin_groups=(ALICE_GROUP,))
+    own = _config(tmp_path / "alice.toml", url, admin_groups=(_alice_group(),))
     argv = [str(MEDIC), "status", "--config", str(own), "--json"]
     env = {"PATH": os.environ["PATH"]}
     as_root = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -250,7 +258,7 @@ def test_the_harness_runs_a_persons_command_on_the_system_config_path(
     config = directory / DEFAULT_CONFIG_PATH.name
     config.write_text(f'[store]\nurl = "{url}"\n[policy]\ndry_run = true\n')
     host_had_config = DEFAULT_CONFIG_PATH.exists()
-    env = {"PATH": os.environ["PATH"], "SUDO_UID": str(ALICE.pw_uid)}
+    env = {"PATH": os.environ["PATH"], "SUDO_UID": str(_alice().pw_uid)}
     status = [str(MEDIC), "status", "--json"]
 
     done = subprocess.run(

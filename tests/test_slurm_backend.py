@@ -191,7 +191,9 @@ def test_job_ids_that_could_be_options_never_reach_argv(bad: str) -> None:
     assert seam.calls == []
 
 
-def test_submit_as_root_uses_the_owner_uid_gid_and_passes_comment_whole() -> None:
+def test_submit_as_root_runs_sbatch_as_the_owner_and_passes_comment_whole() -> None:
+    """No `--uid` from root: sbatch is the owner's own process (their uid, gid and groups, no
+    new privileges), so slurmctld grants the script's `#SBATCH` lines only the owner's rights."""
     entry = pwd.getpwuid(os.geteuid())
     comment = "tok $(touch /tmp/x) `id` \"q\" 'q'\nline2"
     seam = FakeSeam([_ok("77\n")])
@@ -206,10 +208,14 @@ def test_submit_as_root_uses_the_owner_uid_gid_and_passes_comment_whole() -> Non
     assert job_id == 77
     assert seam.calls == [
         (
+            "setpriv",
+            f"--reuid={entry.pw_uid}",
+            f"--regid={entry.pw_gid}",
+            "--init-groups",
+            "--no-new-privs",
+            "--",
             "sbatch",
             "--parsable",
-            f"--uid={entry.pw_uid}",
-            f"--gid={entry.pw_gid}",
             "--chdir=/home/alice",
             f"--comment={comment}",
             "--exclude=gpu-[01-03]",

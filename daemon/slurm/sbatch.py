@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from daemon.process import as_user_argv
 from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.hostlist import fold_hostlist
 from daemon.slurm.records import MAX_JOB_ID
@@ -27,7 +28,10 @@ DEFAULT_LANG = "C.UTF-8"
 class SubmitRequest:
     """One submission. `comment` is untrusted text: it travels as a single argv element.
 
-    `uid`/`gid` are set only when slurm-medic runs as root and submits for the job's owner.
+    `uid`/`gid` are set only when slurm-medic runs as root and submits for the job's owner:
+    sbatch then runs as the owner's own process (`as_user_argv`), never as root with `--uid`,
+    so slurmctld grants exactly what the owner may do (root's `--uid` keeps root's authority for
+    the script's `#SBATCH --priority`, `--nice=-N` and `--reboot`).
     `extra_args` come from the launch template, each `--option=value` so that no stray word
     can become the script path.
     """
@@ -41,12 +45,11 @@ class SubmitRequest:
 
 
 def sbatch_argv(request: SubmitRequest) -> list[str]:
-    """sbatch reading the script from stdin; every value its own argv element."""
+    """sbatch reading the script from stdin, as the owner's process when `uid` is set; every
+    value its own argv element."""
+    if (request.uid is None) != (request.gid is None):
+        raise ValueError("a submission for an owner names both their uid and gid")
     argv = ["sbatch", "--parsable"]
-    if request.uid is not None:
-        argv.append(f"--uid={request.uid}")
-    if request.gid is not None:
-        argv.append(f"--gid={request.gid}")
     if request.work_dir is not None:
         argv.append(f"--chdir={request.work_dir}")
     if request.comment is not None:
@@ -60,6 +63,8 @@ def sbatch_argv(request: SubmitRequest) -> list[str]:
         if not (arg.startswith("--") and "=" in arg):
             raise ValueError(f"extra sbatch arguments take the form --option=value, got {arg!r}")
     argv.extend(request.extra_args)
+    if request.uid is not None and request.gid is not None:
+        return as_user_argv(request.uid, request.gid, argv)
     return argv
 
 
