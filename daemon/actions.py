@@ -206,7 +206,9 @@ def act(session: Session, proposal_id: int, deps: ActDeps) -> ActResult:
     incident = _row(session, Incident, proposal.incident_id)
     job_row = _row(session, Job, incident.job_id)
     failed_job = repo.job_record(job_row)
-    submission = records.lineage_submission(session, slurm_job_id=failed_job.job_id)
+    submission = records.lineage_submission(
+        session, slurm_job_id=failed_job.job_id, user=failed_job.user, comment=failed_job.comment
+    )
     if proposal.lineage_id is None or submission is None:
         return _fail(session, proposal, "the failed job belongs to no lineage: nothing to relaunch")
     lineage = _row(session, Lineage, proposal.lineage_id)

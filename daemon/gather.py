@@ -30,6 +30,7 @@ from daemon.slurm.paths import PathContext, default_stdout_pattern, expand_std_p
 from daemon.slurm.records import SlurmJob
 from daemon.store import service_records as records
 from daemon.store.models import Lineage, TemplateRevision
+from daemon.templates.bounded import read_template_bounded
 from daemon.templates.model import LaunchTemplate, TemplateError
 from daemon.templates.reading import load_template
 from daemon.templates.revisions import knobs_from_json
@@ -86,9 +87,11 @@ class OwnerJobFiles:
         return self._files(job).find_last_good(spec)
 
     def read_template(self, owner: str, directory: str) -> TemplateTexts:
-        return OwnerFiles(Owner.from_name(owner), drop_privileges=self._drop).read_template(
-            directory
-        )
+        """Read and loaded whole in a child with a deadline and a memory cap, as the owner
+        (`templates.bounded`): a template that cannot load in time is refused, never a stalled
+        cycle."""
+        files = OwnerFiles(Owner.from_name(owner), drop_privileges=self._drop)
+        return read_template_bounded(files.owner, directory, drop_privileges=files.drop_privileges)
 
 
 def read_log_findings(job: SlurmJob, files: JobFiles, max_bytes: int) -> LogFindings:

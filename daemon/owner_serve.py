@@ -18,6 +18,7 @@ import math
 import os
 import re
 import resource
+import stat
 import sys
 import tomllib
 from typing import Any
@@ -150,6 +151,7 @@ def _read_template(directory: str, *, as_owner: bool) -> dict[str, Any]:
     """Every file in one walk of the template's tree; the script's name (and the kept configs')
     comes from the TOML, so the TOML is parsed here too, by the owner's child."""
     with opened_tree(directory, as_owner=as_owner) as root:
+        held_by_reader(root.fd, directory)
         toml_path = f"{directory.rstrip('/')}/{TEMPLATE_FILE}"
         toml_text = _decode(_read_file(root, TEMPLATE_FILE, "template.toml"), toml_path)
         try:
@@ -210,9 +212,28 @@ def _read_configs(root: Tree, directory: str, table: object) -> dict[str, str]:
     return texts
 
 
+def held_by_reader(fd: int, path: str) -> None:
+    """A template's directory and files are its owner's own input, or root's: owned by the
+    reader (the owner, in the child) or by root, and writable by neither group nor others.
+    Otherwise someone else could change what a relaunch runs as the owner between two reads,
+    so it is refused with the reason."""
+    status = os.fstat(fd)
+    if status.st_uid not in (0, os.geteuid()):
+        raise WalkRefused(
+            RefusalKind.EXPOSED,
+            f"{path} belongs to uid {status.st_uid}, not to the template's owner (or root)",
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise WalkRefused(
+            RefusalKind.EXPOSED,
+            f"{path} may be written by others (mode {stat.S_IMODE(status.st_mode):04o})",
+        )
+
+
 def _read_file(root: Tree, name: str, what: str) -> bytes:
     fd, _ = open_in(root, name, want="file")
     try:
+        held_by_reader(fd, f"{root.describe().rstrip('/')}/{name}")
         return read_capped(fd, MAX_TEMPLATE_FILE_BYTES, f"the {what} {name!r}")
     finally:
         os.close(fd)

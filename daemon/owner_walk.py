@@ -50,6 +50,7 @@ class RefusalKind(StrEnum):
         "unusable"  # exists, but not as the operation needs (a checkpoint root that is a file)
     )
     NO_OWNER = "no_owner"  # the job's owner has no known uid here
+    EXPOSED = "exposed"  # another user owns it or may write it: not the owner's own input
     TIMEOUT = "timeout"
     FAILED = "failed"  # the reading child itself broke (or hit its memory limit)
 

@@ -152,7 +152,9 @@ def handle_ended_job(session: Session, job: SlurmJob, deps: PipelineDeps) -> Han
 
     The gather (log scan, node probe) runs between transactions: only reads come before it.
     """
-    submission = records.lineage_submission(session, slurm_job_id=job.job_id)
+    submission = records.lineage_submission(
+        session, slurm_job_id=job.job_id, user=job.user, comment=job.comment
+    )
     managed = deps.settings.managed.matches(
         account=job.account, partition=job.partition, user=job.user
     )

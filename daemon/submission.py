@@ -27,6 +27,7 @@ from daemon.slurm.sbatch import SubmitRequest, sbatch_argv
 from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store.models import AuditEvent, Lineage
+from daemon.store.service_records import carries_token
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +166,6 @@ def _identity(user: str) -> tuple[int | None, int | None]:
 
 
 # ----------------------------------------------------------------------------- reconciling
-
-
-def carries_token(comment: str | None, token: str) -> bool:
-    """The token is one whole field of the comment (fields split on white space), never a
-    part of a longer word: `xmedic-ab` or `medic-abc` does not carry `medic-ab`."""
-    return bool(token) and comment is not None and token in comment.split()
 
 
 @dataclass(frozen=True)

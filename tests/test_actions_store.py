@@ -117,7 +117,9 @@ def approved_hardware_proposal(session: Session, job_id: int) -> int:
         session, slurm_job_id=job_id, evidence=Evidence(), diagnosis=HARDWARE
     )
     lineage = session.get(Lineage, lineage_id)
-    submission = records.lineage_submission(session, slurm_job_id=job_id)
+    submission = records.lineage_submission(
+        session, slurm_job_id=job_id, user="alice", comment=None
+    )
     assert lineage is not None
     assert submission is not None
     revision = session.get(TemplateRevision, submission.revision_id)

@@ -430,7 +430,7 @@ def test_0005_gives_every_submission_its_row_and_back(empty_db_engine: Engine) -
     }
     with Session(empty_db_engine) as session:
         assert records.lineage_job_ids(session) == {102: 1, 201: 2}
-        found = records.lineage_submission(session, slurm_job_id=201)
+        found = records.lineage_submission(session, slurm_job_id=201, user="alice", comment=None)
         assert found == records.LineageSubmission(201, 2, 1, 2, None, "medic-submitted")
         assert [intent.token for intent in action_rows.pending_intents(session)] == ["medic-open"]
 

@@ -270,7 +270,7 @@ def test_a_relaunch_whose_submission_event_was_lost_is_still_the_lineages(
     )
     action_rows.record_submitted(db_session, intent=intent, slurm_job_id=5502, actor=ACTOR)
     assert records.lineage_job_ids(db_session)[5502] == lineage_id
-    found = records.lineage_submission(db_session, slurm_job_id=5502)
+    found = records.lineage_submission(db_session, slurm_job_id=5502, user="alice", comment=None)
     assert found is not None
     assert (found.lineage_id, found.revision_id, found.proposal_id) == (
         lineage_id,
@@ -292,7 +292,9 @@ def test_a_lineage_jobs_log_is_found_from_its_template_when_slurm_forgot_it(
 ) -> None:
     start_lineage(db_session, 5601)
     job = dataclasses.replace(failed_job(5601), stdout_path=None, stderr_path=None)
-    submission = records.lineage_submission(db_session, slurm_job_id=5601)
+    submission = records.lineage_submission(
+        db_session, slurm_job_id=5601, user="alice", comment=None
+    )
     assert submission is not None
     found = with_template_paths(db_session, job, submission, FakeFiles({}))
     assert found.stdout_path == "/home/alice/torchrun-example-5601.out"

@@ -21,8 +21,8 @@ from daemon.slurm.errors import SlurmParseError
 from daemon.slurm.records import QueuedJob
 from daemon.slurm.squeue import parse_queue_json
 from daemon.store.engine import make_engine
+from daemon.store.service_records import carries_token
 from daemon.store.settings import StoreSettings, sqlite_url
-from daemon.submission import carries_token
 from tests.postgres import PostgresServer
 
 

@@ -24,7 +24,8 @@ from daemon.store import repository as repo
 from daemon.store import service_records as records
 from daemon.store.engine import make_session_factory
 from daemon.store.models import Incident
-from daemon.submission import ACCOUNTED_STATES, Sbatch, carries_token, submit_new_lineage
+from daemon.store.service_records import carries_token
+from daemon.submission import ACCOUNTED_STATES, Sbatch, submit_new_lineage
 from daemon.templates.reading import load_template
 from daemon.templates.revisions import initial_revision, knobs_to_json
 from tests.devcluster import DevCluster
@@ -108,7 +109,7 @@ def test_a_first_submission_whose_cli_died_is_found_and_followed(
         daemon, lambda: any(p.state == "verified" for p in proposals(daemon)), timeout_s=150
     )
     with make_session_factory(daemon.engine)() as session:
-        found = records.lineage_submission(session, slurm_job_id=job_id)
+        found = records.lineage_submission(session, slurm_job_id=job_id, user="alice", comment=None)
         incident = session.scalars(select(Incident)).one()
     assert found is not None
     assert (found.lineage_id, found.attempt, found.token) == (intent.lineage_id, 1, intent.token)

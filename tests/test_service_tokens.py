@@ -21,10 +21,10 @@ from daemon.store import repository as repo
 from daemon.store.engine import make_session_factory
 from daemon.store.models import AuditEvent, Lineage, Proposal
 from daemon.store.schema import upgrade
+from daemon.store.service_records import carries_token
 from daemon.submission import (
     VERB_FOREIGN_TOKEN,
     Sbatch,
-    carries_token,
     reconcile,
     submit_new_lineage,
 )

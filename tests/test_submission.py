@@ -74,7 +74,7 @@ def test_a_first_submission_is_a_row_of_its_lineage(db_session: Session) -> None
     assert slurm.submitted[0]["comment"] == intent.token
     assert slurm.submitted[0]["script"] == SCRIPT
     assert intent.revision_id is not None
-    found = records.lineage_submission(db_session, slurm_job_id=7001)
+    found = records.lineage_submission(db_session, slurm_job_id=7001, user="alice", comment=None)
     assert found == records.LineageSubmission(
         7001, lineage_id, 1, intent.revision_id, None, intent.token
     )
@@ -130,7 +130,7 @@ def test_a_lost_first_answer_is_found_once_settled_and_only_then(db_session: Ses
         None,
         8101,
     )
-    found = records.lineage_submission(db_session, slurm_job_id=8101)
+    found = records.lineage_submission(db_session, slurm_job_id=8101, user="alice", comment=None)
     assert found is not None
     assert (found.lineage_id, found.attempt, found.token) == (lineage_id, 1, intent.token)
     assert audit_verbs(db_session, "action", intent.action_id)[-1] == "reconciled_found"
@@ -163,7 +163,7 @@ def test_one_reconciliation_closes_relaunches_and_first_submissions_alike(
     (closed,) = reconcile(db_session, slurm, now=young, settle=SETTLE, actor=DAEMON)
     assert (closed.proposal_id, closed.job_id) == (handled.proposal_id, 9002)
     assert relaunch.attempt == 2
-    found = records.lineage_submission(db_session, slurm_job_id=9002)
+    found = records.lineage_submission(db_session, slurm_job_id=9002, user="alice", comment=None)
     assert found is not None
     assert (found.lineage_id, found.attempt, found.revision_id, found.proposal_id) == (
         relaunched_lineage,

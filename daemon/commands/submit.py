@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,18 +21,21 @@ from daemon.commands.context import CommandContext, config_option, json_option, 
 from daemon.commands.terminal import printable
 from daemon.config import sudo_caller
 
+if TYPE_CHECKING:
+    from daemon.owner_files import Owner
+
 EXIT_CONFIG = 2
 EXIT_SUBMIT = 5
 
 
 @click.command("submit")
-@click.argument(
-    "template_dir", type=click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
-)
+# Neither path is looked at here: under sudo this process is root, and whether a path exists
+# or where its links lead is for the owner's rights to answer (their reader, their `test -d`).
+@click.argument("template_dir", type=click.Path(path_type=Path))
 @click.option("--as-user", help="Submit as this user (root only; default: yourself).")
 @click.option(
     "--work-dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="The job's working directory (default: the current directory).",
 )
 @config_option
@@ -44,9 +48,10 @@ def submit_command(
     as_json: bool,
 ) -> None:
     """Submit TEMPLATE_DIR's launch template as a new lineage slurm-medic looks after."""
-    from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused  # noqa: PLC0415
+    from daemon.owner_files import Owner, OwnerReadRefused  # noqa: PLC0415
     from daemon.store import repository as repo  # noqa: PLC0415
     from daemon.submission import Sbatch, submit_new_lineage  # noqa: PLC0415
+    from daemon.templates.bounded import read_template_bounded  # noqa: PLC0415
     from daemon.templates.model import TemplateError  # noqa: PLC0415
     from daemon.templates.reading import load_template  # noqa: PLC0415
     from daemon.templates.revisions import initial_revision, knobs_to_json  # noqa: PLC0415
@@ -63,17 +68,24 @@ def submit_command(
     really_root = caller is None and os.getuid() == 0 and os.geteuid() == 0
     if owner != me and not really_root:
         raise click.UsageError("only root may submit as another user")
-    directory = template_dir.resolve()
+    directory = Path(os.path.abspath(template_dir))
     try:
-        # Read as the owner, as the daemon will read it at every relaunch: a directory the
-        # owner cannot read (or one that links outside itself) is refused now, not later.
-        reader = OwnerFiles(Owner.from_name(owner)).read_template
-        template = load_template(directory, reader)
+        # Read and loaded as the owner, as the daemon will at every relaunch: a directory the
+        # owner cannot read, one that links outside itself, one another user may write, or one
+        # that does not load within the loader's limits is refused now, not later.
+        owner_ids = Owner.from_name(owner)
+        drop = os.geteuid() == 0 and owner_ids.uid != 0
+        template = load_template(
+            directory,
+            lambda path: read_template_bounded(owner_ids, path, drop_privileges=drop),
+        )
         first = initial_revision(template)
+        job_dir = os.path.abspath(work_dir or Path.cwd())
+        _owner_directory(job_dir, owner_ids, drop=drop)
     except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error
     actor = repo.Actor.user(me, real_uid)
-    job = Sbatch(first.script, owner, str((work_dir or Path.cwd()).resolve()))
+    job = Sbatch(first.script, owner, job_dir)
     with context.session() as session:
         started = submit_new_lineage(
             session,
@@ -94,3 +106,18 @@ def submit_command(
     document = {"lineage": lineage_id, "job": job_id, "token": token}
     line = f"lineage {lineage_id}: submitted job {job_id} as {printable(owner)} (token {token})"
     context.emit(document, say(lambda _: line))
+
+
+def _owner_directory(path: str, owner: Owner, *, drop: bool) -> None:
+    """The job's working directory must be a directory the owner can enter: asked with the
+    owner's rights (`test -d` as them under root), so root's answer never leaks."""
+    from daemon.process import CommandError, as_user_argv, run  # noqa: PLC0415
+    from daemon.templates.model import TemplateError  # noqa: PLC0415
+
+    argv = ["test", "-d", path, "-a", "-x", path]
+    try:
+        found = run(as_user_argv(owner.uid, owner.gid, argv) if drop else argv, timeout=10).ok
+    except CommandError:
+        found = False
+    if not found:
+        raise TemplateError(f"--work-dir {path} is not a directory {owner.name} can enter")

@@ -60,14 +60,36 @@ _SUBMITTED = (
 )
 
 
-def lineage_submission(session: Session, *, slurm_job_id: int) -> LineageSubmission | None:
-    """Which lineage, attempt and revision a job slurm-medic submitted runs; None: not ours."""
-    action = session.scalars(
-        select(Action)
+def carries_token(comment: str | None, token: str) -> bool:
+    """The token is one whole field of the comment (fields split on white space), never a
+    part of a longer word: `xmedic-ab` or `medic-abc` does not carry `medic-ab`."""
+    return bool(token) and comment is not None and token in comment.split()
+
+
+def lineage_submission(
+    session: Session, *, slurm_job_id: int, user: str, comment: str | None
+) -> LineageSubmission | None:
+    """Which lineage, attempt and revision a job slurm-medic submitted runs; None: not ours.
+
+    Slurm reuses job ids (a controller started afresh, ids wrapping at MaxJobId), so the id
+    only finds candidates: the job joins a lineage only as that lineage's owner, and, where
+    accounting keeps the job's comment (`AccountingStoreFlags=job_comment`), only carrying the
+    token its submission put there. Another user's job under a reused id joins nothing, so
+    they can neither approve nor steer that lineage's relaunch."""
+    candidates = session.execute(
+        select(Action, Lineage.owner)
+        .join(Lineage, Lineage.id == Action.lineage_id)
         .where(*_SUBMITTED, Action.slurm_job_id == slurm_job_id)
         .order_by(Action.id)
-        .limit(1)
-    ).one_or_none()
+    ).tuples()
+    action = next(
+        (
+            row
+            for row, owner in candidates
+            if owner == user and (not comment or carries_token(comment, row.token))
+        ),
+        None,
+    )
     if action is None or action.lineage_id is None or action.revision_id is None:
         return None
     return LineageSubmission(
