@@ -35,3 +35,25 @@ def test_a_sudo_caller_cannot_submit_as_someone_else() -> None:
     )
     assert result.exit_code == 2, result.output
     assert "only root may submit as another user" in result.output
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="sudo's shape (real uid 0 with SUDO_UID) needs root")
+def test_a_sudo_caller_learns_nothing_of_roots_paths(tmp_path: Path) -> None:
+    """Root's 0700 directory: whether a path exists below it, and where its links lead, is the
+    owner's reader's to say, and it says the same for a directory that exists and one that
+    does not (click's `exists`/`resolve_path` would have looked as root)."""
+    alice = _user("alice")
+    hidden = tmp_path / "root-only"
+    (hidden / "tpl").mkdir(parents=True)
+    hidden.chmod(0o700)
+    answers = []
+    for name in ("tpl", "nothing-here"):
+        result = CliRunner().invoke(
+            main,
+            ["submit", str(hidden / name)],
+            env={"SUDO_UID": str(alice.pw_uid), "SLURM_MEDIC_CONFIG": None},
+        )
+        assert result.exit_code == 1, result.output
+        answers.append(result.output.replace(name, "NAME"))
+    assert answers[0] == answers[1]
+    assert "denied" in answers[0]
