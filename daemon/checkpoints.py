@@ -17,6 +17,7 @@ trees the caller trusts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -29,6 +30,13 @@ from typing import Protocol
 
 _SMALL_FILE = 4096
 _JSON_LIMIT = 64 * 1024 * 1024
+# Objects and arrays in one JSON file (counted as `{` and `[` bytes, strings included): a real
+# trainer_state.json or shard index holds thousands; millions of empty ones in 64 MiB would
+# take over a GiB to build, more than the owner's reading child may use.
+_JSON_CONTAINERS = 2_000_000
+# The record keeps steps as 64-bit integers; a directory or file naming a larger step is hostile.
+MAX_STEP = 2**63 - 1
+_STEP_DIGITS = re.compile(r"[0-9]{1,19}\Z")
 # ASCII digits only, anchored with \Z: a name with a newline or a look-alike digit is no checkpoint.
 _TRAILING_NUMBER = re.compile(r"([0-9]+)\Z")
 _HF_DIR = re.compile(r"checkpoint-([0-9]+)")
@@ -201,12 +209,24 @@ class _Search:
             raise _Refused(f"cannot read {path.name}: {error.strerror or error}") from error
 
     def read_json(self, path: Path) -> object:
+        """The parsed file, or `_Refused` for anything a hostile or broken file can make the
+        parser do: fail, recurse past the interpreter's limit (100,000 nested `[`), run out of
+        memory, or meet a number too long to convert."""
+        data = self.read(path, _JSON_LIMIT)
+        if data.count(b"{") + data.count(b"[") > _JSON_CONTAINERS:
+            raise _Refused(f"{path.name} holds over {_JSON_CONTAINERS} objects and arrays")
         try:
-            return json.loads(self.read(path, _JSON_LIMIT))
+            return json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise _Refused(
                 f"{path.name} is not valid JSON (cut off while saving?): {error}"
             ) from error
+        except RecursionError:
+            raise _Refused(f"{path.name} nests too deeply to be read") from None
+        except MemoryError:
+            raise _Refused(f"{path.name} is too large to be read") from None
+        except ValueError:  # an integer of more digits than int() converts
+            raise _Refused(f"{path.name} holds a number too long to be read") from None
 
     def read_line(self, path: Path) -> str:
         try:
@@ -253,6 +273,8 @@ def _first_complete(
     for step, name in candidates:
         path = search.real_root / name
         try:
+            if step > MAX_STEP:
+                raise _Refused(f"step number over {MAX_STEP}: not a real step")
             real = search.inside(path)
             if search.reader.kind(real) != "dir":
                 raise _Refused("not a directory")
@@ -269,6 +291,9 @@ def _hf_check(search: _Search) -> Callable[[Path], None]:
         state = search.read_json(path / "trainer_state.json")
         if not isinstance(state, dict):
             raise _Refused("trainer_state.json is not an object")
+        problem = _trainer_state_problem(state)
+        if problem:
+            raise _Refused(f"trainer_state.json: {problem}")
         if any(search.is_file(path / name) for name in _HF_SINGLE_WEIGHTS):
             return
         for index_name in _HF_INDEXES:
@@ -287,6 +312,34 @@ def _hf_check(search: _Search) -> Callable[[Path], None]:
         raise _Refused("no weights (model.safetensors, pytorch_model.bin or a sharded index)")
 
     return check
+
+
+def _trainer_state_problem(state: dict[str, object]) -> str | None:
+    """What makes the fields the Trainer resumes from unusable (None: nothing): the step it
+    skips to, the epoch it resumes in, the log it extends. Values are named by their type, never
+    printed: a hostile one may be huge."""
+    step = state.get("global_step")
+    if "global_step" in state:
+        if not isinstance(step, int) or isinstance(step, bool):
+            return f"global_step is {_kind(step)}, not an integer"
+        if not 0 <= step <= MAX_STEP:
+            return f"global_step is out of range (0 to {MAX_STEP})"
+    epoch = state.get("epoch")
+    if epoch is not None:
+        if not isinstance(epoch, int | float) or isinstance(epoch, bool):
+            return f"epoch is {_kind(epoch)}, not a number"
+        if not (math.isfinite(epoch) and 0 <= epoch <= MAX_STEP):
+            return "epoch is out of range (a finite number from 0)"
+    if "log_history" in state and not isinstance(state["log_history"], list):
+        return f"log_history is {_kind(state['log_history'])}, not a list"
+    return None
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind in words."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    names |= {int: "an integer", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _find_hf(search: _Search, _spec: CheckpointSpec, skipped: list[Skipped]) -> Checkpoint | None:
@@ -314,7 +367,8 @@ def _find_megatron(
         return Checkpoint(
             CheckpointLayout.MEGATRON, search.real_root / "release", None, str(search.real_root)
         )
-    if not tracker.isdigit():
+    # ASCII digits only: str.isdigit() takes '²', which int() refuses.
+    if not _STEP_DIGITS.match(tracker) or int(tracker) > MAX_STEP:
         raise _Refused(
             f"latest_checkpointed_iteration.txt holds {tracker[:40]!r}, not an iteration"
         )

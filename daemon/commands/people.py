@@ -93,6 +93,16 @@ def authority(person: Person, *, owner: str | None, settings: Settings) -> str |
     return None
 
 
+def may_see(person: Person, *, owner: str | None, settings: Settings) -> bool:
+    """Whether the person may see a run of `owner` (None: of no one, or every run): the one
+    rule of the web and of the CLI under sudo. Who may decide on a run may see it (`authority`:
+    its owner, an admin, root), unless the site lets everyone see everything
+    (`web.everyone_sees_all`, from the system config alone under sudo)."""
+    if settings.web.everyone_sees_all:
+        return True
+    return authority(person, owner=owner, settings=settings) is not None
+
+
 # ---------------------------------------------------------------- decisions
 
 

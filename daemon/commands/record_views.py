@@ -3,16 +3,22 @@
 Each reads through the repository functions and prints a table or a story for a person or,
 with `--json`, one JSON document for a script; either way every string from the record is
 printed inertly (`terminal`). Apart from the commands that act (`people`: approve, reject,
-pause, resume; `nodes`) because reading needs no identity, authority or audit event.
+pause, resume; `nodes`) because reading needs no authority or audit event.
 
-Exit codes: 0 done; 1 not in the record, or a config that cannot be read; 2 usage; 4 the
-record cannot be used (missing, unreachable, locked, corrupt, or at another schema).
+What a person is shown follows the web's rule (`people.may_see`), for `sudo slurm-medic` runs
+for the person who ran sudo: their own runs, approvals and failures, and the nodes' public facts
+(polls, drains, checks); an admin (root itself, or a member of `policy.admin_groups`) sees
+everything. Another's run is "not in the record", as if it did not exist, as the web's 404.
+
+Exit codes: 0 done; 1 not in the record (or not the reader's to see), or a config that cannot
+be read; 2 usage; 3 the reader's uid has no passwd entry; 4 the record cannot be used
+(missing, unreachable, locked, corrupt, or at another schema).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from daemon.commands import node_views, story
 from daemon.commands.context import CommandContext, Render, record_options
+from daemon.commands.people import Person, invoking_person, may_see
 from daemon.diagnosis import FailureKind
 from daemon.slurm.scontrol import validate_node_name
 from daemon.store import control, node_records, queries
@@ -37,15 +44,66 @@ _JOB_REF = re.compile(r"([0-9]{1,19})\Z")
 _RELATIVE = re.compile(r"([0-9]{1,6})([mhdw])\Z")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
+Sees = Callable[[str | None], bool]  # whether the reader may see a run of this owner
+
+
+def _everything(_owner: str | None) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who reads the record, and what they may see of it (`people.may_see`)."""
+
+    person: Person
+    settings: Settings
+
+    @classmethod
+    def invoking(cls, settings: Settings) -> Viewer:
+        """The person behind this command (sudo's caller under sudo)."""
+        return cls(invoking_person(), settings)
+
+    def sees(self, owner: str | None) -> bool:
+        return may_see(self.person, owner=owner, settings=self.settings)
+
+    @property
+    def only_owner(self) -> str | None:
+        """None when they may see every run; else the one owner whose runs they see: theirs."""
+        return None if self.sees(None) else self.person.name
+
+
+def _noting(render: Render, viewer: Viewer) -> Render:
+    """The rendering, then a line saying whose runs alone were shown, when not everyone's."""
+    owner = viewer.only_owner
+    if owner is None:
+        return render
+
+    def noted(console: Console, shown: Any) -> None:
+        render(console, shown)
+        console.print(f"(only the runs of {owner} are shown)", markup=False)
+
+    return noted
+
 
 @click.command("status")
 @record_options
 def status_command(config_path: str | None, database_url: str | None, as_json: bool) -> None:
     """The daemon's state: pause switch, last polls, active runs, approvals waiting, drains."""
     context = CommandContext.load(config_path, database_url, as_json=as_json)
+    viewer = Viewer.invoking(context.settings)
     with context.session(read_only=True) as session:
-        document = status_document(session, context.settings)
-    context.emit(document, _print_status)
+        document = visible_status(status_document(session, context.settings), viewer.sees)
+    context.emit(document, _noting(_print_status, viewer))
+
+
+def visible_status(document: Mapping[str, Any], sees: Sees) -> dict[str, Any]:
+    """`status_document` cut to the runs and approvals the reader may see; the pause, the
+    polls and the drains are the cluster's, shown to everyone."""
+    return {
+        **document,
+        "active_lineages": [row for row in document["active_lineages"] if sees(row["owner"])],
+        "pending_approvals": [row for row in document["pending_approvals"] if sees(row["owner"])],
+    }
 
 
 def status_document(session: Session, settings: Settings) -> dict[str, Any]:
@@ -202,18 +260,23 @@ def history_command(
     now = datetime.now(UTC)
     since = parse_since(since_text, now)
     context = CommandContext.load(config_path, database_url, as_json=as_json)
+    viewer = Viewer.invoking(context.settings)
+    owner = viewer.only_owner
     with context.session(read_only=True) as session:
-        document = history_document(
-            session,
-            since=since,
-            until=now + timedelta(seconds=1),
-            kind=FailureKind(kind) if kind else None,
-            user=user,
-            limit=limit,
-        )
+        if owner is not None and user not in (None, owner):  # another's: none, as on the web
+            document: dict[str, Any] = {"since": story.when(since), "incidents": []}
+        else:
+            document = history_document(
+                session,
+                since=since,
+                until=now + timedelta(seconds=1),
+                kind=FailureKind(kind) if kind else None,
+                user=owner or user,
+                limit=limit,
+            )
     context.emit(
         document,
-        lambda console, shown: console.print(_history_table(shown["incidents"])),
+        _noting(lambda console, shown: console.print(_history_table(shown["incidents"])), viewer),
     )
 
 
@@ -300,8 +363,9 @@ def show_command(
     and resume (who, why, on what finding) and each incident whose failing node it was.
     """
     context = CommandContext.load(config_path, database_url, as_json=as_json)
+    viewer = Viewer.invoking(context.settings)
     with context.session(read_only=True) as session:
-        shown = show_document(session, reference)
+        shown = show_document(session, reference, sees=viewer.sees)
     context.emit(shown.document, shown.render)
 
 
@@ -318,27 +382,51 @@ class Shown:
         return node_views.print_node_story if self.is_node else story.print_story
 
 
-def show_document(session: Session, reference: str) -> Shown:
+def show_document(session: Session, reference: str, *, sees: Sees = _everything) -> Shown:
     """`show --json`'s document (for the web's API too) for a lineage (`L12`), a job id or a
     node; click.BadParameter when it names none of them, click.ClickException when the
-    record does not hold it."""
+    record does not hold it, or holds it as a run the reader may not see (`sees`), which reads
+    the same. A node's story keeps only the incidents of runs the reader may see."""
     lineage = _LINEAGE_REF.match(reference.strip())
     if lineage:
+        missing = click.ClickException(f"no lineage {lineage.group(1)} in the record")
         try:
             document = story.lineage_document(session, lineage_id=int(lineage.group(1)))
         except repo.NotFound as error:
-            raise click.ClickException(f"no lineage {lineage.group(1)} in the record") from error
+            raise missing from error
+        if not sees(document_owner(document)):
+            raise missing
         return Shown(document, is_node=False)
     if job := _JOB_REF.match(reference.strip()):
         found = story.job_document(session, slurm_job_id=int(job.group(1)))
-        if found is None:
+        if found is None or not sees(document_owner(found)):
             raise click.ClickException(f"job {job.group(1)} is not in the record")
         return Shown(found, is_node=False)
     node = _node_name(reference.strip())
     node_story = node_records.node_story(session, node)
-    if node_views.is_empty(node_story):
+    document = visible_node_story(node_views.story_document(node_story), sees)
+    if not document["story"]:
         raise click.ClickException(f"no node {node} in the record")
-    return Shown(node_views.story_document(node_story), is_node=True)
+    return Shown(document, is_node=True)
+
+
+def document_owner(document: Mapping[str, Any]) -> str | None:
+    """Whose run a `show` document tells: the lineage's owner, else its one job's user."""
+    lineage = document.get("lineage")
+    if lineage is not None:
+        owner: str | None = lineage["owner"]
+        return owner
+    attempts = document["attempts"]
+    return attempts[0]["job"]["user"] if attempts else None
+
+
+def visible_node_story(document: Mapping[str, Any], sees: Sees) -> dict[str, Any]:
+    """A node's story without the incidents of others' runs: its checks, drains and resumes
+    are the cluster's, as `sinfo` shows them to everyone."""
+    entries = [
+        entry for entry in document["story"] if entry["what"] != "incident" or sees(entry["user"])
+    ]
+    return {**document, "story": entries}
 
 
 def _node_name(reference: str) -> str:

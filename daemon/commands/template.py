@@ -5,6 +5,10 @@ user's own script verbatim); its revisions are JSON files under `revisions/` in 
 (see daemon.templates.revisions.RevisionDir). The directory is read as the caller, through
 the same walk and caps as the daemon's reads as an owner.
 
+A template directory is often a user's, and the commands may run as root: every file they
+write goes through `safe_files` (an exclusive fresh name renamed into place, never through a
+link, made as the user who could steer the path, or refused).
+
 A template's text (its name, values, script) is the user's: what the commands print for a
 terminal, failures included, goes through `terminal.printable` (`context.Output`,
 `context.CommandFailed`). `render` alone prints the script byte for byte: it is the script.
@@ -49,7 +53,7 @@ from daemon.imported import (
     invariant_terms,
 )
 from daemon.importer import ImporterError, Knob, parse_knob_mapping
-from daemon.owner_files import Owner
+from daemon.owner_files import Owner, OwnerFiles
 from daemon.owner_serve import TEMPLATE_FILE
 from daemon.templates.model import (
     LaunchTemplate,
@@ -69,6 +73,7 @@ from daemon.templates.revisions import (
     initial_revision,
     knobs_to_json,
 )
+from daemon.templates.safe_files import WriteRefused, make_dirs, write_file, writer_of
 
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _TEMPLATE_DIR = click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
@@ -253,14 +258,21 @@ def import_command(
         parse_template(tomllib.loads(toml_text), text, target, kept)
     except (TemplateError, KnobError) as error:
         raise _invalid(str(error)) from error
-    target.mkdir(parents=True, exist_ok=True)
-    (target / IMPORTED_SCRIPT).write_bytes(text.encode("utf-8", "surrogateescape"))
-    for copy in copies:
-        (target / copy.copy).parent.mkdir(exist_ok=True)
-        (target / copy.copy).write_bytes(copy.text.encode("utf-8", "surrogateescape"))
-    (target / TEMPLATE_FILE).write_text(toml_text, encoding="utf-8")
     try:
-        template = load_template(target)
+        writer = writer_of(target)
+        make_dirs(target)
+        write_file(target / IMPORTED_SCRIPT, text.encode("utf-8", "surrogateescape"))
+        for copy in copies:
+            make_dirs((target / copy.copy).parent)
+            write_file(target / copy.copy, copy.text.encode("utf-8", "surrogateescape"))
+        write_file(target / TEMPLATE_FILE, toml_text.encode("utf-8"))
+    except WriteRefused as error:
+        raise _invalid(f"{target} not written: {error}") from error
+    # Written as the user whose directory it is (root into alice's): read back as them too,
+    # as the daemon reads a template, since the files are theirs.
+    read = None if writer is None else OwnerFiles(Owner.from_uid(writer)).read_template
+    try:
+        template = load_template(target, read)
         RevisionDir(template).save(initial_revision(template))
     except TemplateError as error:
         raise _invalid(str(error)) from error

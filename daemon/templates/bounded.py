@@ -43,7 +43,8 @@ def read_template_bounded(
     owner: Owner, directory: str, *, drop_privileges: bool, timeout_s: float | None = None
 ) -> TemplateTexts:
     """The template's texts as `owner` reads them, once the whole template has loaded from
-    them in a child within `timeout_s` (default `LOAD_TIMEOUT_S`) and `LOAD_MEMORY_BYTES`; `TemplateError` otherwise.
+    them in a child within `timeout_s` (default `LOAD_TIMEOUT_S`) and `LOAD_MEMORY_BYTES`;
+    `TemplateError` otherwise.
 
     `drop_privileges`: the child becomes the owner (the daemon as root); without it the child
     reads with this process's rights (the owner's own CLI, or a daemon that is not root)."""

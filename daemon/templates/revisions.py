@@ -3,7 +3,10 @@
 A patch is a typed change of knobs, never a text edit. Applying one to a revision gives a new
 revision that names its parent and carries its rendered script and the unified diff. Revisions
 are plain values; `RevisionDir` keeps them as JSON files under the template's `revisions/`
-(the daemon's database is the other home of the same values).
+(the daemon's database is the other home of the same values). The directory is often a user's
+and the CLI may run as root: a revision is written through `templates.safe_files` (a fresh
+exclusive name renamed into place, as the user who could steer the path) and read back
+without following a link, regular files only, size-capped.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +31,11 @@ from daemon.templates.model import (
     validate_knobs,
 )
 from daemon.templates.rendering import render
+from daemon.templates.safe_files import WriteRefused, make_dirs, write_file
 
 REVISIONS_DIR = "revisions"
+# A revision holds one rendered script and its diff: kilobytes, a few MiB for the largest.
+MAX_REVISION_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -265,11 +273,15 @@ class RevisionDir:
         self.path = template.directory / REVISIONS_DIR
 
     def save(self, revision: TemplateRevision) -> Path:
-        self.path.mkdir(exist_ok=True)
+        """Write the revision's file (`safe_files`: never through a link a user planted at
+        any name, and as the user when the directory is theirs); TemplateError if refused."""
         target = self.path / f"{revision.id}.json"
-        temporary = target.with_suffix(".tmp")
-        temporary.write_text(json.dumps(revision_to_json(revision), indent=2) + "\n")
-        temporary.replace(target)
+        text = json.dumps(revision_to_json(revision), indent=2) + "\n"
+        try:
+            make_dirs(self.path)
+            write_file(target, text.encode())
+        except WriteRefused as error:
+            raise TemplateError(f"revision {revision.id} not saved: {error}") from error
         return target
 
     def load(self, revision_id: str) -> TemplateRevision:
@@ -280,9 +292,13 @@ class RevisionDir:
             found = "no" if not matches else "several"
             raise TemplateError(f"{found} revision(s) match {revision_id!r} in {self.path}")
         try:
-            data = json.loads(matches[0].read_text(encoding="utf-8"))
+            data = json.loads(_read_regular(matches[0], MAX_REVISION_BYTES).decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TemplateError(f"cannot read {matches[0]}: {error}") from error
+        except (RecursionError, ValueError):  # nested too deeply, a number too long
+            raise TemplateError(f"cannot read {matches[0]}: not a revision record") from None
+        if not isinstance(data, dict):
+            raise TemplateError(f"cannot read {matches[0]}: not a revision record")
         return revision_from_json(self._template.dialect, data)
 
     def all(self) -> list[TemplateRevision]:
@@ -302,3 +318,17 @@ class RevisionDir:
         if len(leaves) != 1:
             raise TemplateError(f"revisions in {self.path} branch: {[r.id for r in leaves]}")
         return leaves[0]
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, opened without following a link or blocking (a FIFO, a device
+    or a link planted in a user's directory is refused), refused over `limit` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path.name} is larger than {limit} bytes")
+    return data
