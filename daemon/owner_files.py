@@ -226,10 +226,15 @@ class OwnerFiles:
         except (KeyError, TypeError, ValueError) as error:
             raise self._failed(spec.root, f"unreadable scan from the reader: {error}") from error
 
-    def read_template(self, directory: str) -> TemplateTexts:
+    def read_template(self, directory: str, *, owned: bool = False) -> TemplateTexts:
         """`template.toml`, the script and the config files it names, all read in the
-        template's directory."""
-        answer = self._ask({"op": "read_template", "path": directory, "tree": directory})
+        template's directory.
+
+        `owned`: the template is about to run as its owner (a submission, a relaunch), so the
+        directory and each file must be the reader's own or root's and writable by no one else
+        (`owner_serve.held_by_reader`); a read only to show or check a template needs not."""
+        request = {"op": "read_template", "path": directory, "tree": directory, "owned": owned}
+        answer = self._ask(request)
         texts = [answer.get(key) if isinstance(answer, dict) else None for key in _TEXT_KEYS]
         configs = answer.get("configs", {}) if isinstance(answer, dict) else None
         if not all(isinstance(text, str) for text in texts) or not isinstance(configs, dict):

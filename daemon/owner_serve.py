@@ -21,6 +21,7 @@ import resource
 import stat
 import sys
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 from daemon.checkpoints import (
@@ -85,7 +86,8 @@ def answer(request: dict[str, Any], *, as_owner: bool) -> dict[str, Any]:
         if request["op"] == "find_last_good":
             return {"ok": scan_to_json(_find_last_good(request, tree, as_owner=as_owner))}
         if request["op"] == "read_template":
-            return {"ok": _read_template(tree, as_owner=as_owner)}
+            owned = request.get("owned") is True
+            return {"ok": _read_template(tree, as_owner=as_owner, owned=owned)}
     except WalkRefused as refusal:
         return refused_reply(refusal.kind, str(refusal))
     except LogReadError as error:
@@ -147,13 +149,15 @@ def _find_last_good(request: dict[str, Any], tree: str, *, as_owner: bool) -> Ch
         os.close(opened.fd)
 
 
-def _read_template(directory: str, *, as_owner: bool) -> dict[str, Any]:
+def _read_template(directory: str, *, as_owner: bool, owned: bool) -> dict[str, Any]:
     """Every file in one walk of the template's tree; the script's name (and the kept configs')
-    comes from the TOML, so the TOML is parsed here too, by the owner's child."""
+    comes from the TOML, so the TOML is parsed here too, by the owner's child. `owned`: each
+    one must be held by the reader (`held_by_reader`), for a template about to run."""
+    check = held_by_reader if owned else _unchecked
     with opened_tree(directory, as_owner=as_owner) as root:
-        held_by_reader(root.fd, directory)
+        check(root.fd, directory)
         toml_path = f"{directory.rstrip('/')}/{TEMPLATE_FILE}"
-        toml_text = _decode(_read_file(root, TEMPLATE_FILE, "template.toml"), toml_path)
+        toml_text = _decode(_read_file(root, TEMPLATE_FILE, "template.toml", check), toml_path)
         try:
             document = tomllib.loads(toml_text)
         except (tomllib.TOMLDecodeError, RecursionError) as error:
@@ -168,19 +172,21 @@ def _read_template(directory: str, *, as_owner: bool) -> dict[str, Any]:
                 RefusalKind.OUTSIDE, f"script {script!r} must be a file inside {directory}"
             )
         script_path = f"{directory.rstrip('/')}/{script}"
-        raw = _read_file(root, script, "script")
+        raw = _read_file(root, script, "script", check)
         if b"\0" in raw:
             raise WalkRefused(RefusalKind.UNUSABLE, f"{script_path} is not a script (binary)")
         if document.get("imported") is True:  # the user's own script, kept byte for byte
             return {
                 "toml": toml_text,
                 "script": raw.decode("utf-8", "surrogateescape"),
-                "configs": _read_configs(root, directory, document.get("configs", {})),
+                "configs": _read_configs(root, directory, document.get("configs", {}), check),
             }
         return {"toml": toml_text, "script": _decode(raw, script_path)}
 
 
-def _read_configs(root: Tree, directory: str, table: object) -> dict[str, str]:
+def _read_configs(
+    root: Tree, directory: str, table: object, check: Callable[[int, str], None]
+) -> dict[str, str]:
     """The config files an imported template keeps (`[configs]`: path -> file), read as its
     script is: inside the directory, capped, text only, bytes that are not UTF-8 kept."""
     if not isinstance(table, dict):
@@ -198,7 +204,7 @@ def _read_configs(root: Tree, directory: str, table: object) -> dict[str, str]:
             raise WalkRefused(
                 RefusalKind.OUTSIDE, f"config {name!r} must be a file inside {directory}"
             )
-        raw = _read_file(root, name, "config")
+        raw = _read_file(root, name, "config", check)
         total += len(raw)
         if total > MAX_TEMPLATE_CONFIG_BYTES:
             raise WalkRefused(
@@ -230,10 +236,14 @@ def held_by_reader(fd: int, path: str) -> None:
         )
 
 
-def _read_file(root: Tree, name: str, what: str) -> bytes:
+def _unchecked(fd: int, path: str) -> None:
+    """A read to show or check a template: whose files they are is not asked."""
+
+
+def _read_file(root: Tree, name: str, what: str, check: Callable[[int, str], None]) -> bytes:
     fd, _ = open_in(root, name, want="file")
     try:
-        held_by_reader(fd, f"{root.describe().rstrip('/')}/{name}")
+        check(fd, f"{root.describe().rstrip('/')}/{name}")
         return read_capped(fd, MAX_TEMPLATE_FILE_BYTES, f"the {what} {name!r}")
     finally:
         os.close(fd)

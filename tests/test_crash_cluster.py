@@ -94,6 +94,8 @@ def install_wrapper(work_dir: Path, stage: Stage) -> tuple[dict[str, str], Path]
         encoding="utf-8",
     )
     wrapper.chmod(0o755)
+    # sbatch runs as the job's owner (setpriv), and so does its wrapper: it marks here too.
+    marks.chmod(0o777)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, marks
 
 

@@ -73,15 +73,6 @@ def _readers(alice: Owner) -> dict[str, TemplateReader]:
     }
 
 
-def _readers_and_refusal(alice: Owner, as_alice: str) -> list[tuple[TemplateReader, str]]:
-    """Each reader with the refusal it must give: alice's own read meets `as_alice`; a reader
-    that is not alice meets her directory first, which is not theirs (`exposed`)."""
-    return [
-        (read, as_alice if name.startswith("as alice") else "exposed: .* belongs to uid")
-        for name, read in _readers(alice).items()
-    ]
-
-
 def _refused_template(directory: Path, read: TemplateReader, message: str) -> str:
     with pytest.raises(TemplateError, match=message) as refused:
         load_template(directory, read)
@@ -98,8 +89,8 @@ def test_a_script_linked_to_a_root_only_file_is_refused_by_every_reader(
     script.unlink()
     script.symlink_to(_root_only_file(alice_dir))
     os.lchown(script, alice.uid, alice.gid)
-    for read, refusal in _readers_and_refusal(alice, "symlink"):
-        _refused_template(directory, read, refusal)
+    for read in _readers(alice).values():
+        _refused_template(directory, read, "symlink")
 
 
 def test_a_link_in_a_middle_component_is_refused_when_it_leaves_the_tree(
@@ -113,8 +104,8 @@ def test_a_link_in_a_middle_component_is_refused_when_it_leaves_the_tree(
     toml.write_text(toml.read_text().replace('"job.sbatch.j2"', '"sub/job.sbatch.j2"'))
     (directory / "sub").symlink_to(root_only)
     os.lchown(directory / "sub", alice.uid, alice.gid)
-    for read, refusal in _readers_and_refusal(alice, "symlink"):
-        _refused_template(directory, read, refusal)
+    for read in _readers(alice).values():
+        _refused_template(directory, read, "symlink")
 
 
 def test_a_middle_link_that_stays_inside_is_followed_only_in_the_owners_read(
@@ -130,7 +121,7 @@ def test_a_middle_link_that_stays_inside_is_followed_only_in_the_owners_read(
     as_alice = load_template(directory, OwnerFiles(alice).read_template)
     assert render(as_alice) == render(load_template(EXAMPLE))
     _refused_template(
-        directory, OwnerFiles(alice, drop_privileges=False).read_template, "exposed: .* uid"
+        directory, OwnerFiles(alice, drop_privileges=False).read_template, "not the owner's"
     )
 
 
@@ -459,8 +450,8 @@ def test_a_kept_config_linked_out_of_the_tree_is_refused_by_every_reader(
     config.unlink()
     config.symlink_to(_root_only_file(alice_dir))
     os.lchown(config, alice.uid, alice.gid)
-    for read, refusal in _readers_and_refusal(alice, "symlink"):
-        _refused_template(directory, read, refusal)
+    for read in _readers(alice).values():
+        _refused_template(directory, read, "symlink")
 
 
 def test_a_huge_or_binary_kept_config_is_refused(alice: Owner, alice_dir: Path) -> None:

@@ -103,7 +103,7 @@ def _texts(value: object, directory: str) -> TemplateTexts:
 def _load_here(directory: str) -> dict[str, Any]:
     """The child's work: read as this process (the owner), then load the whole template."""
     try:
-        texts = OwnerFiles.as_caller().read_template(directory)
+        texts = OwnerFiles.as_caller().read_template(directory, owned=True)
     except OwnerReadRefused as error:
         refusal = error.refusal
         return {
