@@ -6,8 +6,15 @@ secret is in a 0600 file, as the server reads it.
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import pwd
 import secrets
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +41,9 @@ from daemon.web.identity import read_proxy_secret
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
+MEDIC = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "slurm-medic"
+LOOPBACK = "127.0.0.1"
+START_S = 30
 NOW = datetime.now(UTC).replace(microsecond=0)
 DAEMON = repo.Actor.daemon()
 HOSTILE_NAME = '<script>alert("name")</script>'
@@ -127,9 +137,12 @@ def write_secret(path: Path) -> str:
 
 
 @contextmanager
-def web_record_at(tmp_path: Path) -> Iterator[WebRecord]:
+def web_record_at(
+    tmp_path: Path, *, trusted_proxies: str = "10.9.8.0/24", web_extra: str = ""
+) -> Iterator[WebRecord]:
     """A record with a waiting proposal for alice and one for `daemon`, and a config that
-    trusts `PROXY` with a fresh secret; a test module's fixture wraps it."""
+    trusts `trusted_proxies` (`PROXY`'s network unless told) with a fresh secret, plus the
+    `web_extra` lines of its `[web]` section; a test module's fixture wraps it."""
     url = sqlite_url(tmp_path / "record.db")
     engine = make_engine(StoreSettings(url=url))
     upgrade(engine)
@@ -141,7 +154,210 @@ def web_record_at(tmp_path: Path) -> Iterator[WebRecord]:
     config = tmp_path / "config.toml"
     config.write_text(
         f'[store]\nurl = "{url}"\n\n[policy]\nadmin_groups = ["{ADMIN}"]\n\n'
-        f'[web]\ntrusted_proxies = ["10.9.8.0/24"]\nproxy_secret_file = "{tmp_path}/proxy.secret"\n'
+        f'[web]\ntrusted_proxies = ["{trusted_proxies}"]\n'
+        f'proxy_secret_file = "{tmp_path}/proxy.secret"\n{web_extra}'
     )
     yield WebRecord(engine, config, secret, alices, daemons)
     engine.dispose()
+
+
+# ---------------------------------------------------------------- the real server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class WebProcess:
+    """A running `slurm-medic web`, as an operator starts it: on a unix socket (`path`) or
+    on loopback (`port`), its log (JSON lines) in a file."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    path: Path | None = None
+    port: int | None = None
+
+    def connect(self, *, source: str | None = None, timeout_s: float = 10.0) -> socket.socket:
+        """A new connection: to the socket, or to the port from `source` (a loopback
+        address, 127.0.0.1 unless told)."""
+        if self.path is not None:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.settimeout(timeout_s)
+            connection.connect(str(self.path))
+            return connection
+        assert self.port is not None
+        return socket.create_connection(
+            (LOOPBACK, self.port), timeout=timeout_s, source_address=(source or LOOPBACK, 0)
+        )
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The log's JSON lines (anything else it holds, as {"msg": line})."""
+        found: list[dict[str, Any]] = []
+        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                entry = {"msg": line}
+            found.append(entry if isinstance(entry, dict) else {"msg": line})
+        return found
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def request(
+    connection: socket.socket, path: str, headers: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """GET `path` on an open connection (kept open): status, headers (lower-case), body."""
+    lines = [f"GET {path} HTTP/1.1", "Host: slurm-medic"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    answer = http.client.HTTPResponse(connection)
+    answer.begin()
+    body = answer.read()
+    return answer.status, {k.lower(): v for k, v in answer.getheaders()}, body
+
+
+@contextmanager
+def web_process(
+    config: Path,
+    work: Path,
+    *,
+    path: Path | None = None,
+    port: int | None = None,
+    nofile: tuple[int, int] | None = None,
+) -> Iterator[WebProcess]:
+    """`slurm-medic web --config config` on the unix socket `path` or on loopback `port`,
+    started as root itself (never root for someone: under sudo the command would refuse
+    --config), under the descriptor limits `nofile` (soft, hard) if given, and stopped with
+    SIGTERM on the way out."""
+    where = ["--socket", str(path)] if path is not None else ["--listen", f"{LOOPBACK}:{port}"]
+    limited = [] if nofile is None else ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}"]
+    log = work / "web.log"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SUDO_")}
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            [*limited, str(MEDIC), "web", "--config", str(config), *where],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    running = WebProcess(process, log, path, port)
+    try:
+        _wait_until_answering(running)
+        yield running
+    finally:
+        stop(running)
+
+
+def stop(running: WebProcess) -> None:
+    """SIGTERM, as systemd stops it; SIGKILL to its group if it does not end."""
+    if running.process.poll() is None:
+        running.process.send_signal(signal.SIGTERM)
+    try:
+        running.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait(timeout=15)
+
+
+def _wait_until_answering(running: WebProcess) -> None:
+    deadline = time.monotonic() + START_S
+    while True:
+        if running.process.poll() is not None:
+            raise RuntimeError(f"slurm-medic web exited:\n{running.log_tail()}")
+        try:
+            with running.connect(timeout_s=2) as connection:
+                answered = request(connection, "/healthz", {"Connection": "close"})[0] == 200
+                # Read to the server's close, so that this probe holds no slot once it returns.
+                while connection.recv(4096):
+                    pass
+                if answered:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"slurm-medic web did not answer:\n{running.log_tail()}")
+        time.sleep(0.1)
+
+
+def request_as(
+    user: str,
+    target: str,
+    *,
+    path: Path | None = None,
+    port: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """GET `target` from a process of `user` (the kernel names them to the server), on the
+    unix socket `path` or on loopback `port`: the status and the body. The system's Python,
+    standard library only, so that the user needs nothing of this checkout."""
+    script = (
+        "import socket, sys, http.client\n"
+        "where, target, extra = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+        "if where.isdigit():\n"
+        "    s = socket.socket(); s.settimeout(20); s.connect(('127.0.0.1', int(where)))\n"
+        "else:\n"
+        "    s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(where)\n"
+        "head = ['GET ' + target + ' HTTP/1.1', 'Host: x', 'Connection: close', *extra]\n"
+        "try:\n"
+        "    s.sendall(('\\r\\n'.join(head) + '\\r\\n\\r\\n').encode())\n"
+        "except OSError:\n"
+        "    pass  # refused at once: its answer is still there to read\n"
+        "r = http.client.HTTPResponse(s); r.begin()\n"
+        "sys.stdout.write(str(r.status) + '\\n' + r.read().decode('utf-8', 'replace'))\n"
+    )
+    where = str(path) if path is not None else str(port)
+    extra = [f"{name}: {value}" for name, value in (headers or {}).items()]
+    entry = pwd.getpwnam(user)
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", script, where, target, *extra],
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{user}'s request failed: {done.stderr.decode(errors='replace')}")
+    status, _, body = done.stdout.decode("utf-8", "replace").partition("\n")
+    return int(status), body
+
+
+@contextmanager
+def held_as(user: str, path: Path, count: int) -> Iterator[None]:
+    """`count` idle connections to the unix socket `path` held by a process of `user` (the
+    system's Python) until the block ends."""
+    script = (
+        "import socket, sys\n"
+        "held = []\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); held.append(s)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    entry = pwd.getpwnam(user)
+    holder = subprocess.Popen(
+        ["/usr/bin/python3", "-c", script, str(path), str(count)],
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n", f"{user} could not hold {count}"
+        yield
+    finally:
+        holder.communicate(timeout=30)  # closes its stdin: it ends, and its connections

@@ -4,15 +4,17 @@ Run by an operator (root or a service user) as `run` is, with the same config ru
 (`context.CommandContext`): under sudo only the system config counts. It listens where
 `--listen HOST:PORT` or `--socket PATH` says, else where `[web]` says (its socket if it names
 one, else its `listen`). Who is asking is the kernel's word on the socket and the trusted
-proxy's over TCP (daemon/web/identity.py).
+proxy's over TCP (daemon/web/identity.py). How many connections each peer and all may hold,
+and how long one may keep the server waiting, is daemon/web/connections.py's.
 
 Exit codes: 0 stopped; 2 a config or a setting that cannot be used (the proxy's secret file
-included); 4 the record cannot be used (missing, unreachable, or at another schema). Each
-failure is one line, `slurm-medic web: ...`.
+included, and a descriptor limit too low for any connection); 4 the record cannot be used
+(missing, unreachable, or at another schema). Each failure is one line, `slurm-medic web: ...`.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -63,11 +65,15 @@ def web_command(
     from daemon.logs import configure_logging  # noqa: PLC0415
     from daemon.metrics.serve import web_metrics_app  # noqa: PLC0415
     from daemon.web.app import create_app  # noqa: PLC0415
-    from daemon.web.identity import (  # noqa: PLC0415
-        PeerCredentialsProtocol,
-        SecretFileError,
-        read_proxy_secret,
+    from daemon.web.connections import (  # noqa: PLC0415
+        BACKLOG,
+        RESERVED_DESCRIPTORS,
+        ConnectionGuard,
+        GuardedServer,
+        guarded_protocol,
+        raise_descriptor_limit,
     )
+    from daemon.web.identity import SecretFileError, read_proxy_secret  # noqa: PLC0415
     from daemon.web.settings import split_listen  # noqa: PLC0415
 
     web = context.settings.web
@@ -78,6 +84,22 @@ def web_command(
     with context.session(read_only=True):
         pass  # a record that cannot be used ends the command here (exit 4), not page by page
     configure_logging()
+    # Connections are capped below the descriptor limit, itself raised as far as it goes.
+    descriptors = raise_descriptor_limit()
+    guard = ConnectionGuard.for_settings(web, descriptors=descriptors)
+    if guard.total < 1:
+        raise context.fail(
+            f"the descriptor limit ({descriptors}) leaves no room for connections"
+            f" ({RESERVED_DESCRIPTORS} are kept for the record and the server): raise LimitNOFILE",
+            exit_code=EXIT_CONFIG,
+        )
+    if guard.total < web.max_connections:
+        logging.getLogger("slurm_medic.web").warning(
+            "web.max_connections is %d, but the descriptor limit (%d) leaves room for %d",
+            web.max_connections,
+            descriptors,
+            guard.total,
+        )
     host, port = split_listen(web.listen)
     config = uvicorn.Config(
         create_app(
@@ -91,7 +113,16 @@ def web_command(
         host=host,
         port=port,
         uds=None if web.socket is None else str(web.socket),
-        http=PeerCredentialsProtocol,
+        # The peer-credentials protocol under the guard (daemon/web/connections.py), on the
+        # asyncio loop whose accept errors it quiets; no WebSocket protocol (no page speaks it,
+        # and a connection handed to one would leave the guard's count).
+        http=guarded_protocol(guard),
+        loop="asyncio",
+        ws="none",
+        backlog=BACKLOG,
+        timeout_keep_alive=web.keep_alive_s,
+        # uvicorn's own limit (503 to a request) only as a backstop above the guard's cap.
+        limit_concurrency=guard.total + 1,
         # Never rewrite the peer address from X-Forwarded-For: identity.py decides whom to
         # believe, and a local client could claim to be the proxy.
         proxy_headers=False,
@@ -99,4 +130,4 @@ def web_command(
         lifespan="off",
         log_config=None,
     )
-    uvicorn.Server(config).run()
+    GuardedServer(config, guard).run()

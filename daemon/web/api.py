@@ -81,6 +81,8 @@ async def _reason(request: Request, field: str) -> str:
         parsed: Any = json.loads(body or b"{}")
     except ValueError as error:
         raise Refusal(400, "the body is not JSON") from error
+    except RecursionError as error:  # `[[[[...]]]]`: deeper than the parser's recursion limit
+        raise Refusal(400, "the body's JSON nests too deeply") from error
     if not isinstance(parsed, dict):
         raise Refusal(400, "the body is a JSON object")
     value = parsed.get(field, "")

@@ -29,7 +29,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from daemon.commands.context import CommandContext
-from daemon.commands.people import Person, authority
+from daemon.commands.people import Person
+from daemon.commands.people import may_see as people_may_see
 from daemon.config import Settings
 from daemon.store.models import WebRequest
 
@@ -95,11 +96,8 @@ def root_path(request: Request) -> str:
 def may_see(request: Request, owner: str | None) -> bool:
     """Whether the person may see a run of `owner`: theirs, or they are an admin or root, or
     the site lets everyone see everything (`web.everyone_sees_all`): who may decide on a run
-    may see it (`people.authority`)."""
-    settings = settings_of(request)
-    if settings.web.everyone_sees_all:
-        return True
-    return authority(person_of(request), owner=owner, settings=settings) is not None
+    may see it (`people.may_see`, the CLI's rule too)."""
+    return people_may_see(person_of(request), owner=owner, settings=settings_of(request))
 
 
 def csrf_token(request: Request) -> str:

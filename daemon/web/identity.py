@@ -71,20 +71,43 @@ def peer_credentials(connection: socket.socket) -> PeerCredentials:
     return PeerCredentials(pid=pid, uid=uid, gid=gid)
 
 
+@dataclass(frozen=True)
+class Peer:
+    """The other end of a connection as its socket says: on the unix socket the kernel's
+    credentials (None if they could not be read), over TCP the address."""
+
+    unix: bool
+    credentials: PeerCredentials | None = None
+    address: str | None = None
+
+
+def peer_of(transport: asyncio.BaseTransport) -> Peer:
+    """Read once, when the connection is accepted, before anything the client sends."""
+    connection = transport.get_extra_info("socket")
+    if connection is not None and connection.family == socket.AF_UNIX:
+        try:
+            return Peer(unix=True, credentials=peer_credentials(connection))
+        except OSError:
+            return Peer(unix=True)
+    peername = transport.get_extra_info("peername")
+    if isinstance(peername, tuple) and peername and isinstance(peername[0], str):
+        return Peer(unix=False, address=peername[0])
+    return Peer(unix=False)
+
+
 class PeerCredentialsProtocol(H11Protocol):
     """uvicorn's h11 protocol that records a unix-socket peer's credentials for its requests."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.open_for(transport, peer_of(transport))
+
+    def open_for(self, transport: asyncio.Transport, peer: Peer) -> None:
+        """uvicorn's own start of a connection, then the peer's credentials for its requests
+        (a subclass that reads the peer first calls this, not `connection_made`)."""
         super().connection_made(transport)
-        connection = transport.get_extra_info("socket")
-        if connection is None or connection.family != socket.AF_UNIX:
-            return
-        try:
-            credentials: PeerCredentials | None = peer_credentials(connection)
-        except OSError:
-            credentials = None
-        # A new dict for this connection: the shared app_state stays as it was.
-        self.app_state = {**self.app_state, PEER_STATE_KEY: credentials}
+        if peer.unix:
+            # A new dict for this connection: the shared app_state stays as it was.
+            self.app_state = {**self.app_state, PEER_STATE_KEY: peer.credentials}
 
 
 class Unidentified(Exception):

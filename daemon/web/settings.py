@@ -48,6 +48,19 @@ class WebSettings(BaseModel):
     user_header: str = Field(default="X-Forwarded-User")
     secret_header: str = Field(default="X-Slurm-Medic-Proxy-Secret")
     everyone_sees_all: bool = False
+    # Connections (daemon/web/connections.py): at most this many open at once, and at most
+    # max_connections_per_peer of them from one peer (a uid on the socket or over loopback,
+    # an address over TCP), so that no one person can hold every slot. A proxy is one peer:
+    # its concurrent requests are bounded by the cap too (the app runs 40 at a time anyway).
+    max_connections: int = Field(default=1024, ge=1, le=65536)
+    max_connections_per_peer: int = Field(default=64, ge=1)
+    # Seconds a connection has to deliver a whole request once opened or answered (a client
+    # that trickles its head or body is closed: slowloris), and to start its next request.
+    read_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    keep_alive_s: int = Field(default=5, ge=1, le=300)
+    # Answers on one connection before it is closed (`Connection: close`), so a keep-alive
+    # connection cannot be held forever by asking again and again.
+    max_requests_per_connection: int = Field(default=100, ge=1, le=100_000)
 
     @field_validator("listen")
     @classmethod
@@ -77,6 +90,16 @@ class WebSettings(BaseModel):
         if value is not None and not value.is_absolute():
             raise ValueError("must be an absolute path")
         return value
+
+    @model_validator(mode="after")
+    def _peer_cap_within_total(self) -> WebSettings:
+        """One peer allowed the whole total could again keep everyone else out."""
+        if self.max_connections_per_peer > self.max_connections:
+            raise ValueError(
+                "web.max_connections_per_peer is more than web.max_connections"
+                f" ({self.max_connections_per_peer} > {self.max_connections})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _proxies_need_the_secret(self) -> WebSettings:

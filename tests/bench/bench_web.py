@@ -4,7 +4,9 @@ Fills a SQLite record as `bench_store` does (BENCH_WEB_JOBS jobs, default 100,00
 bench's year: 10,000 incidents and their proposals, relaunches and node events), starts the
 real `slurm-medic web --socket` on it, and times whole requests over the socket as root (who
 sees every run: the widest page), median and max of RUNS each. Each request opens its own
-session on the record, as every page does.
+session on the record, as every page does. The last rows time root's requests while another
+peer, bob, holds HELD idle connections (more than his cap of 64: the rest refused); the
+server's read timeout is raised for the bench so that his stay open throughout.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from daemon.store.models import Lineage
 from daemon.store.schema import upgrade
 from daemon.store.settings import StoreSettings, sqlite_url
 from tests.bench.bench_store import Scale, fill
+from tests.web_support import held_as
 
 MEDIC = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "slurm-medic"
 RUNS = 30
 START_S = 30
+HELD = 100
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -53,9 +57,28 @@ def _get(path: str, target: str) -> int:
         connection.close()
 
 
+def _timed(path: str, page: str) -> list[float]:
+    """RUNS whole requests for `page`, in ms; each must answer 200."""
+    samples = []
+    for _ in range(RUNS):
+        started = time.perf_counter()
+        if _get(path, page) != 200:
+            raise SystemExit(f"{page} did not answer 200")
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def _row(label: str, samples: list[float]) -> None:
+    print(f"{label:<42} median {statistics.median(samples):7.1f} ms  max {max(samples):7.1f} ms")
+
+
 def main() -> None:
     scale = Scale(jobs=int(os.environ.get("BENCH_WEB_JOBS", "100000")))
-    with tempfile.TemporaryDirectory() as directory:
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        tempfile.TemporaryDirectory(prefix="medic-web-") as socket_dir,
+    ):
+        os.chmod(socket_dir, 0o755)  # bob must reach the socket; nothing else is in it
         database = Path(directory) / "medic.db"
         engine = make_engine(StoreSettings(url=sqlite_url(database)))
         upgrade(engine)
@@ -65,8 +88,11 @@ def main() -> None:
         engine.dispose()
         print(f"filled {counts.rows} in {counts.seconds:.1f} s")
         config = Path(directory) / "web.toml"
-        config.write_text(f'[store]\nurl = "{sqlite_url(database)}"\n', encoding="utf-8")
-        sock = Path(directory) / "web.sock"
+        config.write_text(
+            f'[store]\nurl = "{sqlite_url(database)}"\n\n[web]\nread_timeout_s = 300\n',
+            encoding="utf-8",
+        )
+        sock = Path(socket_dir) / "web.sock"
         server = subprocess.Popen(
             [str(MEDIC), "web", "--socket", str(sock), "--config", str(config)],
             stdout=subprocess.DEVNULL,
@@ -93,15 +119,10 @@ def main() -> None:
             for page in pages:
                 if _get(str(sock), page) != 200:  # warm, and the page must answer
                     raise SystemExit(f"{page} did not answer 200")
-                samples = []
-                for _ in range(RUNS):
-                    started = time.perf_counter()
-                    _get(str(sock), page)
-                    samples.append((time.perf_counter() - started) * 1000)
-                print(
-                    f"{page:<42} median {statistics.median(samples):7.1f} ms"
-                    f"  max {max(samples):7.1f} ms"
-                )
+                _row(page, _timed(str(sock), page))
+            with held_as("bob", sock, HELD):
+                for page in ("/healthz", "/api/status"):
+                    _row(f"{page} (bob holds {HELD} idle)", _timed(str(sock), page))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=15)
