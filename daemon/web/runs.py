@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from daemon.commands import story
+from daemon.commands import record_views, story
 from daemon.commands.record_views import (
     history_document,
     history_row,
@@ -185,25 +185,9 @@ def visible_owner(request: Request) -> str | None:
     return None if may_see(request, None) else person_of(request).name
 
 
-def document_owner(document: Mapping[str, Any]) -> str | None:
-    """Whose run a `show` document tells: the lineage's owner, else its one job's user."""
-    lineage = document.get("lineage")
-    if lineage is not None:
-        owner: str | None = lineage["owner"]
-        return owner
-    attempts = document["attempts"]
-    return attempts[0]["job"]["user"] if attempts else None
-
-
 def visible_node_story(document: Mapping[str, Any], request: Request) -> dict[str, Any]:
-    """A node's story as the person may see it: others' incidents on it are left out (its
-    checks, drains and resumes are the cluster's, as `sinfo` shows them to everyone)."""
-    entries = [
-        entry
-        for entry in document["story"]
-        if entry["what"] != "incident" or may_see(request, entry["user"])
-    ]
-    return {**document, "story": entries}
+    """A node's story as the person may see it (the CLI's `record_views.visible_node_story`)."""
+    return record_views.visible_node_story(document, lambda owner: may_see(request, owner))
 
 
 # ---------------------------------------------------------------- pages
@@ -251,7 +235,7 @@ def run_page(request: Request) -> Response:
             document = story.lineage_document(session, lineage_id=lineage_id)
         except repo.NotFound:
             return _not_found(request, f"lineage {lineage_id}")
-        if not may_see(request, document_owner(document)):
+        if not may_see(request, record_views.document_owner(document)):
             return _not_found(request, f"lineage {lineage_id}")
         grounds = _grounds(session, document)
     return render(request, "run.html.j2", _story_values(document, grounds))
@@ -350,7 +334,7 @@ def api_show(request: Request) -> Response:
             return JSONResponse({"error": f"{reference} is {_NOT_FOUND}"}, status_code=404)
     if shown.is_node:
         return JSONResponse(visible_node_story(shown.document, request))
-    if not may_see(request, document_owner(shown.document)):
+    if not may_see(request, record_views.document_owner(shown.document)):
         return JSONResponse({"error": f"{reference} is {_NOT_FOUND}"}, status_code=404)
     return JSONResponse(shown.document)
 
