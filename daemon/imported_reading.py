@@ -140,6 +140,11 @@ def _site_knob(
         return reading.reason
     if reading.status is Status.INVALID:
         return f"written as {reading.value!r}, which it cannot take ({reading.reason})"
+    if reading.unlisted:
+        return (
+            f"written in {len(reading.occurrences) + reading.unlisted} places, more than the "
+            "analysis lists: a change could not be written at every one"
+        )
     sites: list[Site] = []
     through: list[str] = []
     presence = False
@@ -251,7 +256,7 @@ def _typed(dialect: Dialect, knob: str, text: str) -> KnobValue:
     spec = dialect.spec(knob)
     value: object = text
     if spec.kind is KnobKind.INT:
-        value = int(text) if text.isdigit() else text
+        value = int(text) if text.isascii() and text.isdigit() and len(text) < 4300 else text
     elif spec.kind is KnobKind.BOOL:
         value = {"true": True, "false": False}.get(text, text)
     try:

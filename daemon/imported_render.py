@@ -182,9 +182,13 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
     for first, second in itertools.pairwise(ordered):
         if second[0] < first[1]:
             raise SpliceError("two changes would be written over the same text")
-    for start, end, replacement in reversed(ordered):
-        text = text[:start] + replacement + text[end:]
-    return text
+    pieces: list[str] = []  # one join, not a copy of the whole script per edit
+    cursor = 0
+    for start, end, replacement in ordered:
+        pieces += [text[cursor:start], replacement]
+        cursor = end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
 
 
 def write_value(value: KnobValue, site: Site, presence: bool = False) -> str:

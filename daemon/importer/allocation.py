@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from daemon.importer.directives import Header, RawDirective, gpu_count
 from daemon.importer.expansion import Var
 from daemon.importer.places import Places
-from daemon.importer.readings import RANK_DIRECTIVE, WHOLE_NUMBER, Found, FoundMaker
+from daemon.importer.readings import RANK_DIRECTIVE, Found, FoundMaker
 from daemon.importer.records import Basis, Directive, Form, Insertion, Knob
-from daemon.importer.values import Text
+from daemon.importer.values import Text, whole_number
 from daemon.importer.vocabulary import Name
 
 _SLURM_FROM_OPTION = {
@@ -82,18 +82,24 @@ class JobHeader:
             text = Text.written(
                 self.name, start, directive.value[span[0] : span[1]], Form.DIRECTIVE
             )
+            count = whole_number(text.plain)
             if option == "gpus":  # for the whole job: per node when the node count is known
                 nodes = options.get("nodes")
-                if nodes is not None and not WHOLE_NUMBER.match(nodes.value):
+                node_count = whole_number(nodes.value) if nodes is not None else None
+                if nodes is not None and node_count is None:
                     continue
-                if nodes is not None and int(nodes.value) > 1:
-                    text = Text.derived(str(int(text.plain) // int(nodes.value)))
+                if node_count is not None and node_count > 1:
+                    if count is None:
+                        continue
+                    text = Text.derived(str(count // node_count))
             elif option == "gpus-per-task":
                 tasks = _tasks_per_node(options)
                 if tasks is None:
                     continue
                 if tasks != 1:
-                    text = Text.derived(str(int(text.plain) * tasks))
+                    if count is None:
+                        continue
+                    text = Text.derived(str(count * tasks))
             result.append((option, text))
         return result
 
@@ -139,11 +145,14 @@ class JobHeader:
 
 def _tasks_per_node(options: Mapping[str, RawDirective]) -> int | None:
     per_node = options.get("ntasks-per-node")
-    if per_node is not None and WHOLE_NUMBER.match(per_node.value):
-        return int(per_node.value)
+    per_node_count = whole_number(per_node.value) if per_node is not None else None
+    if per_node_count is not None:
+        return per_node_count
     tasks, nodes = options.get("ntasks"), options.get("nodes")
-    if tasks is not None and WHOLE_NUMBER.match(tasks.value):
-        if nodes is not None and WHOLE_NUMBER.match(nodes.value) and int(nodes.value):
-            return max(int(tasks.value) // int(nodes.value), 1)
-        return int(tasks.value) if nodes is None else None
+    task_count = whole_number(tasks.value) if tasks is not None else None
+    if task_count is not None:
+        node_count = whole_number(nodes.value) if nodes is not None else None
+        if node_count:
+            return max(task_count // node_count, 1)
+        return task_count if nodes is None else None
     return 1

@@ -34,11 +34,17 @@ from daemon.importer.arguments import (
     parse_arguments,
     python_program,
 )
-from daemon.importer.configs import ConfigFormat, Entry, format_of, read_config
+from daemon.importer.configs import (
+    MAX_CONFIG_ENTRIES,
+    ConfigFormat,
+    Entry,
+    format_of,
+    read_config,
+)
 from daemon.importer.directives import read_header
 from daemon.importer.evaluate import ArgsEnd, Call, Evaluator, Missing, resolve
-from daemon.importer.expansion import Env, Shell, Var
-from daemon.importer.lexer import check_input
+from daemon.importer.expansion import TOO_MUCH, Env, Shell, Var
+from daemon.importer.lexer import check_input, input_problem
 from daemon.importer.places import Places
 from daemon.importer.readings import (
     CARRIER_KNOBS,
@@ -65,7 +71,7 @@ from daemon.importer.records import (
     Knob,
     Launch,
 )
-from daemon.importer.values import Text
+from daemon.importer.values import Text, concat
 from daemon.importer.vocabulary import (
     ACCELERATE_KEYS,
     ALLOC_CONF_VARIABLES,
@@ -100,7 +106,9 @@ _DISTRIBUTED = frozenset(
 _PRIMARY_SCORE = 3  # a distributed launcher, a training program with a knob, or a knob
 _INTERPOLATION = re.compile(r"\$\{(?P<path>[A-Za-z_][\w.-]*)\}")
 _MAX_INTERPOLATION_HOPS = 8
+MAX_INTERPOLATED_SEGMENTS = 50_000  # what interpolations build in one config, in all
 _MAX_CONFIG_HOPS = 4  # a config naming a config naming a config...
+MAX_CONFIG_CHARS = 8 * MAX_INPUT_CHARS  # config text read in one analysis, each use counted
 
 
 def analyse(
@@ -117,8 +125,9 @@ def analyse(
     given: dict[str, str] = {}
     notes: list[str] = []
     for path, text in (files or {}).items():
-        if len(text) > MAX_INPUT_CHARS or "\0" in text:
-            notes.append(f"{path}: not read (binary or over {MAX_INPUT_CHARS} characters)")
+        problem = input_problem(text)
+        if problem is not None:
+            notes.append(f"{path}: not read ({problem})")
             continue
         given[posixpath.normpath(path)] = text
     users = {normalise(key): knob for key, knob in (knob_names or {}).items()}
@@ -189,9 +198,11 @@ class _Analyser:
         self.finds = FoundMaker()
         self.launches: list[_LaunchInfo] = []
         self.wanted: list[str] = []
+        self.wanted_set: set[str] = set()
         self.read: list[str] = []
         self.sourced: list[Carrier] = []  # scripts sourced but not given: they may set anything
         self.config_uses: list[ConfigUse] = []
+        self.config_chars = 0  # of the configs read, each time it is named
 
     # ------------------------------------------------------------ the walk
 
@@ -204,6 +215,8 @@ class _Analyser:
         shell = Shell(Env(job_header.slurm_environment()), positional=None)
         evaluator.run_file(self.name, self.script, shell)
         self.notes.extend(evaluator.notes)
+        if shell.work.exhausted:
+            self.notes.append(f"some values are {TOO_MUCH}")
         for path in evaluator.files_read:
             self._mark_read(path)
         primary = self._primary()
@@ -234,8 +247,9 @@ class _Analyser:
             self.read.append(path)
 
     def _want(self, path: str) -> None:
-        if path not in self.wanted and path not in self.files:
+        if path not in self.wanted_set and path not in self.files:  # a set: 20,000 `source`s
             self.wanted.append(path)
+            self.wanted_set.add(path)
 
     def _want_path(self, path: Text, resolved: str | None) -> None:
         """Ask for a file the script names: resolved, or as written when what is missing is
@@ -548,7 +562,17 @@ class _Analyser:
         if content.segs and content.segs[0].form is Form.JSON and len(content.segs) == 1:
             seg = content.segs[0]
             content = Text.written(seg.file or key, 0, seg.text, config_format.form)
+        self.config_chars += len(content.plain)
+        if self.config_chars > MAX_CONFIG_CHARS:  # 256 launches each naming a 1 MB config...
+            what = (
+                f"{flag} {path.plain} was not read: configs of over {MAX_CONFIG_CHARS} characters"
+            )
+            self.notes.append(what)
+            launch.carriers.append(Carrier(carrier_kind, what, path.plain, path))
+            return
         entries = read_config(content.plain, config_format)
+        if len(entries) >= MAX_CONFIG_ENTRIES:
+            self.notes.append(f"{key}: only its first {MAX_CONFIG_ENTRIES} values are read")
         self._config_entries(
             launch,
             call,
@@ -573,11 +597,12 @@ class _Analyser:
         hops: int,
     ) -> None:
         by_path = {tuple(normalise(p) for p in entry.path): entry for entry in entries}
+        interpolations = _Interpolations(content, by_path)
         best: dict[Knob, tuple[tuple[int, int, int], Found]] = {}
         siblings = frozenset(p[-1] for p in by_path if p)
         for number, entry in enumerate(entries):
             components = tuple(normalise(p) for p in entry.path)
-            value = _entry_text(content, entry, by_path)
+            value = interpolations.entry_text(entry)
             if (
                 kind in {"training", "accelerate"}
                 and components
@@ -703,33 +728,58 @@ class _Analyser:
         )
 
 
-def _entry_text(content: Text, entry: Entry, by_path: Mapping[tuple[str, ...], Entry]) -> Text:
-    """A config scalar as a Text: the whole scalar (quotes included) when it is written in
-    one place, with OmegaConf `${a.b}` interpolations of the same file followed."""
-    scalar = content.slice(entry.start, entry.end)
-    inner = content.slice(entry.value_start, entry.value_end)
-    if not _INTERPOLATION.search(entry.value):
-        runs = scalar.runs()
-        return scalar if runs is not None and len(runs) == 1 and entry.quoted else inner
-    return _interpolate(content, entry, by_path, 0)
+class _Interpolations:
+    """The scalars of one config as Texts, OmegaConf `${a.b}` interpolations of the same file
+    followed. Each scalar is interpolated once per depth, and past MAX_INTERPOLATED_SEGMENTS
+    in all the rest are kept as written: followed afresh at every use, `a2: ${a1}${a1}` over
+    eight hops was exponential, and a value naming a long one many times quadratic."""
 
+    def __init__(self, content: Text, by_path: Mapping[tuple[str, ...], Entry]) -> None:
+        self.content = content
+        self.by_path = by_path
+        self.done: dict[tuple[int, int], Text] = {}  # (entry start, hops) -> its text
+        self.names: dict[int, bool] = {}  # entry start -> whether its value interpolates
+        self.segments = 0
 
-def _interpolate(
-    content: Text, entry: Entry, by_path: Mapping[tuple[str, ...], Entry], hops: int
-) -> Text:
-    inner = content.slice(entry.value_start, entry.value_end)
-    if hops >= _MAX_INTERPOLATION_HOPS:
-        return inner
-    result = Text()
-    cursor = 0
-    for match in _INTERPOLATION.finditer(entry.value):
-        result = result + inner.slice(cursor, match.start())
-        target = by_path.get(tuple(normalise(p) for p in match.group("path").split(".")))
-        if target is None:
-            result = result + inner.slice(match.start(), match.end())
-        elif _INTERPOLATION.search(target.value):
-            result = result + _interpolate(content, target, by_path, hops + 1)
-        else:
-            result = result + content.slice(target.value_start, target.value_end)
-        cursor = match.end()
-    return result + inner.slice(cursor, len(inner))
+    def entry_text(self, entry: Entry) -> Text:
+        """The whole scalar (quotes included) when it is written in one place, else its value;
+        interpolated when it names other keys."""
+        if not self._interpolates(entry):
+            scalar = self.content.slice(entry.start, entry.end)
+            runs = scalar.runs()
+            if runs is not None and len(runs) == 1 and entry.quoted:
+                return scalar
+            return self.content.slice(entry.value_start, entry.value_end)
+        return self._interpolate(entry, 0)
+
+    def _interpolates(self, entry: Entry) -> bool:
+        known = self.names.get(entry.start)
+        if known is None:
+            known = self.names[entry.start] = bool(_INTERPOLATION.search(entry.value))
+        return known
+
+    def _interpolate(self, entry: Entry, hops: int) -> Text:
+        inner = self.content.slice(entry.value_start, entry.value_end)
+        if hops >= _MAX_INTERPOLATION_HOPS or self.segments > MAX_INTERPOLATED_SEGMENTS:
+            return inner
+        known = self.done.get((entry.start, hops))
+        if known is not None:
+            return known
+        pieces: list[Text] = []
+        cursor = 0
+        for match in _INTERPOLATION.finditer(entry.value):
+            pieces.append(inner.slice(cursor, match.start()))
+            path = tuple(normalise(p) for p in match.group("path").split("."))
+            target = self.by_path.get(path)
+            if target is None:
+                pieces.append(inner.slice(match.start(), match.end()))
+            elif self._interpolates(target):
+                pieces.append(self._interpolate(target, hops + 1))
+            else:
+                pieces.append(self.content.slice(target.value_start, target.value_end))
+            cursor = match.end()
+        pieces.append(inner.slice(cursor, len(inner)))
+        result = concat(pieces)
+        self.segments += len(result.segs)
+        self.done[entry.start, hops] = result
+        return result

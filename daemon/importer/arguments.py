@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from daemon.importer.expansion import WORKDIR
-from daemon.importer.values import Text
+from daemon.importer.values import Text, whole_number
 from daemon.importer.vocabulary import LAUNCHERS, NAMES, LauncherKind, launcher_kind, normalise
 
 OVERRIDE = re.compile(r"(?P<key>[+~]{0,2}[A-Za-z_][\w.-]*(?:\[\d+\])?)=")  # `key=value`
@@ -155,10 +155,10 @@ def het_group(before: tuple[Text, ...]) -> int:
         for prefix in ("--het-group", "--pack-group"):
             if word.startswith(prefix + "="):
                 number = word.split("=", 1)[1].split(",")[0]
-                return int(number) if number.isdigit() else 0
+                return (whole_number(number) or 0) if number.isdigit() else 0
             if word == prefix and index + 1 < len(before):
                 number = before[index + 1].plain.split(",")[0]
-                return int(number) if number.isdigit() else 0
+                return (whole_number(number) or 0) if number.isdigit() else 0
     return 0
 
 

@@ -7,17 +7,27 @@ text, so a value can be reported with its line and replaced in place. So these a
 tolerant line and token readers, not full parsers: they never execute or resolve anything
 (no tags, anchors or merges), skip what they do not understand, accept `$VAR` where a
 here-document left one, and read each file in one linear pass with a capped nesting depth.
+
+The files are the user's and the daemon reading them runs as root, so every regular expression
+here runs in time linear in its line, with constant memory: quantifiers only over single
+character classes, never two adjacent ones that can take the same characters, never a repeated
+group (Python's engine keeps a backtracking record per repetition: 60 to 150 bytes a character
+of a long line). What a regular expression cannot say that way (a key that runs to the first
+`: `, a string with escapes) is a small scanner in Python. At most `MAX_CONFIG_ENTRIES` scalars
+are read from one file.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 from daemon.importer.records import Form
 
-MAX_CONFIG_DEPTH = 64
+MAX_CONFIG_DEPTH = 64  # nesting, and the components of one (dotted) key path
+MAX_CONFIG_ENTRIES = 20_000  # scalars read from one file: a real config has a few hundred
 
 
 class ConfigFormat(StrEnum):
@@ -71,7 +81,7 @@ def read_config(text: str, config_format: ConfigFormat) -> list[Entry]:
 # ---------------------------------------------------------------- JSON
 
 _JSON_BARE = re.compile(r"[^\s,:{}\[\]\"]+")
-_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"?')
+_STRING_RUN = re.compile(r'[^"\\\n]*')  # a run of a double-quoted string without escapes
 
 
 def read_json(text: str) -> list[Entry]:
@@ -82,7 +92,7 @@ def read_json(text: str) -> list[Entry]:
     indices: list[int] = []
     keys: list[str | None] = []
     pos, size = 0, len(text)
-    while pos < size:
+    while pos < size and len(entries) < MAX_CONFIG_ENTRIES:
         char = text[pos]
         if char in " \t\r\n,:":
             if char == "," and stack:
@@ -107,8 +117,11 @@ def read_json(text: str) -> list[Entry]:
                 keys.pop()
             pos += 1
             continue
-        match = (_JSON_STRING if char == '"' else _JSON_BARE).match(text, pos)
-        end = match.end() if match else pos + 1
+        if char == '"':
+            end = _json_string_end(text, pos)
+        else:
+            bare = _JSON_BARE.match(text, pos)
+            end = bare.end() if bare else pos + 1
         raw = text[pos:end]
         quoted = raw.startswith('"')
         value_start, value_end = (pos + 1, end - (1 if raw.endswith('"') and end - pos > 1 else 0))
@@ -125,6 +138,25 @@ def read_json(text: str) -> list[Entry]:
     return entries
 
 
+def _json_string_end(text: str, pos: int) -> int:
+    """The end of the JSON string opening at `pos`: after its closing quote; at the end of its
+    line or of the text when it is not closed (or a backslash ends the line). A scanner, not
+    `"(?:[^"\\\n]|\\.)*"`, whose repeated group costs memory per character."""
+    size = len(text)
+    cursor = pos + 1
+    while True:
+        match = _STRING_RUN.match(text, cursor)
+        cursor = match.end() if match else cursor
+        if cursor >= size:
+            return size
+        char = text[cursor]
+        if char == '"':
+            return cursor + 1
+        if char == "\n" or cursor + 1 >= size or text[cursor + 1] == "\n":
+            return cursor  # a newline, or a backslash with nothing it can escape
+        cursor += 2  # a backslash and the character it escapes
+
+
 def _json_child(
     stack: list[tuple[tuple[str, ...], bool]], indices: list[int], keys: list[str | None]
 ) -> tuple[str, ...]:
@@ -136,10 +168,9 @@ def _json_child(
 
 # ---------------------------------------------------------------- YAML
 
-_YAML_KEY = re.compile(
-    r"""(?P<key>"(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s#'"{}\[\],&*!|>%@`-][^#]*?|-[^\s#][^#]*?)"""
-    r"""[ \t]*:(?=[ \t]|\Z)"""
-)
+_YAML_NOT_KEY_START = frozenset("#'\"{}[],&*!|>%@`-")  # indicators: no plain key starts so
+_BLANKS = re.compile(r"[ \t]*")
+_KEY_RUN = re.compile(r'[^"\\]*')  # a run of a double-quoted key without escapes
 _YAML_ITEM = re.compile(r"-(?=[ \t]|\Z)[ \t]*")
 
 
@@ -157,6 +188,8 @@ def read_yaml(text: str) -> list[Entry]:
     counters: dict[tuple[str, ...], int] = {}
     block_indent: int | None = None  # inside a `|` or `>` block scalar deeper than this
     for start, line in _lines(text):
+        if len(entries) >= MAX_CONFIG_ENTRIES:
+            break
         content = line.rstrip("\r")
         stripped = content.lstrip(" \t")
         indent = len(content) - len(stripped)
@@ -189,13 +222,13 @@ def read_yaml(text: str) -> list[Entry]:
             if not rest or rest.startswith("#"):
                 opened.append(_Open(indent, path, item=False))
                 continue
-            key = _YAML_KEY.match(rest)
+            key = yaml_key(rest)
             if key is None:
                 entries.extend(_yaml_scalar(text, path, rest_column, rest))
                 continue
             opened.append(_Open(indent + item.end(), path, item=True))
             stripped, indent, column = rest, indent + item.end(), rest_column
-        key = _YAML_KEY.match(stripped)
+        key = yaml_key(stripped)
         if key is None:
             continue
         while opened and (
@@ -205,8 +238,8 @@ def read_yaml(text: str) -> list[Entry]:
             opened.pop()
         if len(opened) >= MAX_CONFIG_DEPTH:
             continue
-        path = (*(opened[-1].path if opened else ()), _unquote_key(key.group("key")))
-        rest = stripped[key.end() :].lstrip(" \t")
+        path = (*(opened[-1].path if opened else ()), _unquote_key(key[0]))
+        rest = stripped[key[1] :].lstrip(" \t")
         rest_column = column + len(stripped) - len(rest)
         if not rest or rest.startswith("#"):
             opened.append(_Open(indent, path, item=False))
@@ -218,13 +251,86 @@ def read_yaml(text: str) -> list[Entry]:
     return entries
 
 
-def _lines(text: str) -> list[tuple[int, str]]:
-    result = []
+def yaml_key(line: str) -> tuple[str, int] | None:
+    r"""The key of a `key: value` line (quotes kept) and the end of its colon, or None.
+
+    A quoted key ends at its closing quote; a plain one runs to the first `:` followed by a
+    blank or the end of the line and never past a `#`, blanks before the colon not part of it.
+    Scanned with `str.find`: the expression this replaces, `[^#]*?[ \t]*:(?=[ \t]|\Z)`, let
+    its lazy run and the blanks take a run of blanks in every split, quadratic in the line."""
+    if not line:
+        return None
+    first = line[0]
+    if first in "\"'":
+        close = _key_quote_end(line, first)
+        if close < 0:
+            return None
+        colon = _BLANKS.match(line, close + 1)
+        after = (colon.end() if colon else close + 1) + 1
+        if not line.startswith(":", after - 1) or not _blank_or_end(line, after):
+            return None
+        return line[: close + 1], after
+    if first == "-":
+        if len(line) < 2 or line[1].isspace() or line[1] == "#":
+            return None
+        begin = 2
+    elif first.isspace() or first in _YAML_NOT_KEY_START:
+        return None
+    else:
+        begin = 1
+    comment = line.find("#", begin)
+    limit = len(line) if comment < 0 else comment
+    colon_at = line.find(":", begin, limit)
+    while colon_at >= 0:
+        if _blank_or_end(line, colon_at + 1):
+            key_end = colon_at
+            while key_end > begin and line[key_end - 1] in " \t":
+                key_end -= 1
+            return line[:key_end], colon_at + 1
+        colon_at = line.find(":", colon_at + 1, limit)
+    return None
+
+
+def _blank_or_end(line: str, index: int) -> bool:
+    return index == len(line) or line[index] in " \t"
+
+
+def _key_quote_end(line: str, quote: str) -> int:
+    """The index of the quote closing a quoted key, or -1: in "...", a backslash escapes the
+    next character; in '...', a quote is written twice."""
+    index = 1
+    if quote == '"':
+        while True:
+            run = _KEY_RUN.match(line, index)
+            index = run.end() if run else index
+            if index >= len(line):
+                return -1
+            if line[index] == '"':
+                return index
+            if index + 1 >= len(line):
+                return -1
+            index += 2  # a backslash and the character it escapes
+    while True:
+        found = line.find("'", index)
+        if found < 0:
+            return -1
+        run_end = found
+        while run_end < len(line) and line[run_end] == "'":
+            run_end += 1
+        if (run_end - found) % 2:  # pairs are quotes written twice; the odd one closes
+            return run_end - 1
+        index = run_end
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """Each line with the offset it starts at, one at a time (no list of a million lines)."""
     position = 0
-    for line in text.split("\n"):
-        result.append((position, line))
-        position += len(line) + 1
-    return result
+    size = len(text)
+    while position <= size:
+        newline = text.find("\n", position)
+        end = size if newline < 0 else newline
+        yield position, text[position:end]
+        position = end + 1
 
 
 def _unquote_key(key: str) -> str:
@@ -238,6 +344,8 @@ def _yaml_scalar(text: str, path: tuple[str, ...], column: int, rest: str) -> li
     rest = rest.rstrip("\r")
     if rest[0] in "\"'":
         close = _closing_quote(rest, rest[0])
+        if close == 0:  # a lone quote ends the line: an empty string, not a span ending before it
+            return [Entry(path, column, column + 1, column + 1, column + 1, "", True)]
         end = column + close + 1
         return [Entry(path, column, end, column + 1, end - 1, text[column + 1 : end - 1], True)]
     comment = re.search(r"[ \t]#", rest)
@@ -264,21 +372,27 @@ def _closing_quote(rest: str, quote: str) -> int:
 
 # ---------------------------------------------------------------- TOML
 
-_TOML_TABLE = re.compile(r"\[\[?\s*(?P<name>[^\]]+?)\s*\]\]?")
-_TOML_KEY = re.compile(
-    r"(?P<key>(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"
-    r"(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*=\s*"
-)
+# `[name]` or `[[name]]`: one scan to the first `]` (the name is stripped in Python). It was
+# `\[\[?\s*([^\]]+?)\s*\]\]?`, whose blanks, lazy name and blanks again took a run of blanks
+# in every split: cubic in the line (6,000 blanks after `[` cost 40 seconds).
+_TOML_TABLE = re.compile(r"\[(?P<name>[^\]\n]*)\]")
+# One component of a dotted key; the dots and blanks between are read in Python: a repeated
+# group `(?:\s*\.\s*part)*` kept a backtracking record per component (150 MB for a 1 MB line).
+_TOML_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""")
+_TOML_PATH_PART = re.compile(r"\"[^\"]*\"|'[^']*'|[^.\s]+")
+_SPACES = re.compile(r"\s*")
 
 
 def read_toml(text: str) -> list[Entry]:
     """`key = value` scalars under their `[table]`; arrays, inline tables and multi-line
     strings are skipped whole."""
     entries: list[Entry] = []
-    table: tuple[str, ...] = ()
+    table: tuple[str, ...] | None = ()  # None: under a table whose name is too deep to read
     arrays: dict[tuple[str, ...], int] = {}
     skip_until: str | None = None
     for start, line in _lines(text):
+        if len(entries) >= MAX_CONFIG_ENTRIES:
+            break
         content = line.rstrip("\r")
         if skip_until is not None:
             if skip_until in content:
@@ -289,20 +403,28 @@ def read_toml(text: str) -> list[Entry]:
         if not stripped or stripped.startswith("#"):
             continue
         header = _TOML_TABLE.match(stripped)
-        if header and stripped.startswith("["):
-            names = tuple(_toml_key_parts(header.group("name")))
-            if stripped.startswith("[["):
+        if header and header.group("name"):
+            name = header.group("name")
+            double = stripped.startswith("[[")  # `[[name]]`: the scan stopped at its first `]`
+            names = _toml_key_parts(name[1:] if double and len(name) > 1 else name)
+            if names is None:
+                table = None  # too deep a path: its keys are not read
+                continue
+            if double:
                 number = arrays.get(names, 0)
                 arrays[names] = number + 1
                 names = (*names, f"[{number}]")
             table = names
             continue
-        key = _TOML_KEY.match(stripped)
-        if key is None:
+        key = _toml_key(stripped)
+        if key is None or table is None:
             continue
-        path = (*table, *_toml_key_parts(key.group("key")))
-        rest = stripped[key.end() :]
-        value_column = column + key.end()
+        parts = _toml_key_parts(stripped[: key[0]])
+        if parts is None or len(table) + len(parts) > MAX_CONFIG_DEPTH:
+            continue
+        path = (*table, *parts)
+        rest = stripped[key[1] :]
+        value_column = column + key[1]
         for opener in ('"""', "'''"):
             if rest.startswith(opener) and rest.count(opener) < 2:
                 skip_until = opener
@@ -316,9 +438,37 @@ def read_toml(text: str) -> list[Entry]:
     return entries
 
 
-def _toml_key_parts(key: str) -> list[str]:
-    parts = re.findall(r"\"[^\"]*\"|'[^']*'|[^.\s]+", key)
-    return [_unquote_key(part) for part in parts]
+def _toml_key(line: str) -> tuple[int, int] | None:
+    """`a.b."c" = ` at the start of `line`: where the key ends and where its value starts;
+    None when it is no key or has more than `MAX_CONFIG_DEPTH` components."""
+    part = _TOML_KEY_PART.match(line)
+    if part is None:
+        return None
+    key_end = part.end()
+    for _ in range(MAX_CONFIG_DEPTH):
+        blanks = _SPACES.match(line, key_end)
+        cursor = blanks.end() if blanks else key_end
+        if line.startswith("=", cursor):
+            after = _SPACES.match(line, cursor + 1)
+            return key_end, after.end() if after else cursor + 1
+        if not line.startswith(".", cursor):
+            return None
+        blanks = _SPACES.match(line, cursor + 1)
+        part = _TOML_KEY_PART.match(line, blanks.end() if blanks else cursor + 1)
+        if part is None:
+            return None
+        key_end = part.end()
+    return None  # more components than a path is read to
+
+
+def _toml_key_parts(key: str) -> tuple[str, ...] | None:
+    """The components of a dotted key or table name; None past `MAX_CONFIG_DEPTH` of them."""
+    parts: list[str] = []
+    for part in _TOML_PATH_PART.finditer(key):
+        if len(parts) >= MAX_CONFIG_DEPTH:
+            return None
+        parts.append(_unquote_key(part.group()))
+    return tuple(parts)
 
 
 # ---------------------------------------------------------------- Python assignments
@@ -330,6 +480,8 @@ def read_python(text: str) -> list[Entry]:
     """Top-level `name = literal` lines of a config written as Python (nanoGPT's style)."""
     entries: list[Entry] = []
     for start, line in _lines(text):
+        if len(entries) >= MAX_CONFIG_ENTRIES:
+            break
         assignment = _PY_ASSIGN.match(line)
         if assignment is None:
             continue

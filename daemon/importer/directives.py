@@ -12,9 +12,13 @@ after the first command) are reported, not read.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from daemon.importer.records import ImporterError
+
 _MAGIC = ("#SBATCH", "#SLURM")
+MAX_DIRECTIVES = 1_000  # options of one header (a real one has a dozen); more are refused
 _LOOKALIKE = re.compile(r"[ \t]*#+[ \t]*SBATCH|[ \t]*#SBATC", re.IGNORECASE)
 _SHORT = {
     "N": "nodes",
@@ -189,8 +193,13 @@ def read_header(text: str) -> Header:
     header_end = len(text)
     after_last = 0
     reading = True
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in enumerate(_lines(text), start=1):
         line_start, position = position, position + len(line) + 1
+        if not line.startswith(("#", " ", "\t")):  # most lines: no directive, no look-alike
+            if reading and line.strip(" \t\r"):
+                reading = False
+                header_end = line_start
+            continue
         if number == 1 and line.startswith("#!"):
             after_last = min(position, len(text))
             continue
@@ -200,6 +209,8 @@ def read_header(text: str) -> Header:
             if any(arg.value.lower() in {"hetjob", "packjob"} for arg in arguments):
                 group += 1
             directives.extend(_directives(arguments, line_start, group, number, notes))
+            if len(directives) > MAX_DIRECTIVES:
+                raise ImporterError(f"over {MAX_DIRECTIVES} #SBATCH options, not read")
             after_last = min(position, len(text))
             continue
         stripped = line.strip(" \t\r")
@@ -211,6 +222,18 @@ def read_header(text: str) -> Header:
             if magic is None or not reading:
                 notes.append(f"line {number}: {line.strip()!r} is not read by Slurm ({why})")
     return Header(tuple(directives), header_end, after_last, tuple(notes))
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of `text`, one at a time (a list of a million short lines is 60 MB)."""
+    position = 0
+    while True:
+        newline = text.find("\n", position)
+        if newline < 0:
+            yield text[position:]
+            return
+        yield text[position:newline]
+        position = newline + 1
 
 
 def _arguments(line: str, line_start: int) -> list[_Argument]:
@@ -249,6 +272,8 @@ def _arguments(line: str, line_start: int) -> list[_Argument]:
                 value.append(char)
             cursor += 1
         arguments.append(_Argument("".join(value), line_start + start, line_start + cursor, plain))
+        if len(arguments) > 2 * MAX_DIRECTIVES:  # refused before all of a long line is read
+            raise ImporterError(f"over {MAX_DIRECTIVES} #SBATCH options, not read")
         if cursor < len(text) and text[cursor] == "#" and not quote:
             break
     return arguments

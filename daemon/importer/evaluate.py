@@ -10,32 +10,37 @@ condition").
 Commands that run other shell code are followed: `bash -c STRING`, `bash FILE`, `source FILE`,
 `./script.sh`, functions. Commands that start a training program are handed to the caller as
 `Call`s; files the script writes with a here-document (`cat <<EOF > ds.json`) are kept as
-virtual files. Work is bounded: nesting depth, commands walked and characters re-read. The walk
-stays one piece of some 650 lines: its node and command handlers recurse into each other (a
-function body, `bash -c`, a sourced file) under one set of bounds.
+virtual files. Work is bounded: nesting depth, commands walked, characters re-read, what
+references copy (`expansion.Work`) and glob tests decided; and no step costs what the script has
+read so far (a branch's copy of the variables, a launch's view of the environment and of the
+files written) or the rest of a command's words. The walk stays one piece of some 700 lines:
+its node and command handlers recurse into each other (a function body, `bash -c`, a sourced
+file) under one set of bounds.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from daemon.importer.expansion import (
     NAME,
     WORKDIR,
-    Env,
     Shell,
     Source,
     Var,
     assign,
     expand_heredoc,
     expand_single,
+    expand_word,
     expand_words,
     read_assignment,
 )
-from daemon.importer.lexer import PartKind, Word, tokenize
+from daemon.importer.lexer import Part, PartKind, Word
 from daemon.importer.shell import (
     Case,
     Chain,
@@ -44,21 +49,37 @@ from daemon.importer.shell import (
     If,
     Loop,
     Node,
-    parse_tokens,
+    statements,
 )
 from daemon.importer.values import MAX_FRAMES, Frame, Seg, Text, join, written_length
-from daemon.importer.vocabulary import NOT_LAUNCHERS, launcher_kind
+from daemon.importer.vocabulary import (
+    ALLOC_CONF_VARIABLES,
+    LIGHTNING_DEEPSPEED_VARIABLE,
+    NOT_LAUNCHERS,
+    launcher_kind,
+)
 
 MAX_SHELL_DEPTH = 8  # bash -c inside a wrapper inside a function...: real scripts use 3
 MAX_COMMANDS = 20_000  # commands walked per analysis (a script has a few hundred)
 MAX_REREAD_CHARS = 4_000_000  # characters re-tokenized for nested strings and files, in all
 MAX_CALLS = 256  # launch commands read per analysis (a script has one or two)
+MAX_GLOB_TESTS = 2_000  # `case` patterns and `[[ x == pattern ]]` decided (each compiles one)
+MAX_GLOB_CHARS = 1_024  # longer patterns or subjects are not decided
+# The variables the analysis reads at a launch: what `Call.env` holds (copying every exported
+# variable for each of 256 launches was quadratic in a script of many exports).
+LAUNCH_VARIABLES = (*ALLOC_CONF_VARIABLES, LIGHTNING_DEEPSPEED_VARIABLE)
 
 _OPAQUE_MASK = "\x01"  # stands for a run-time value inside a string read again as code
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
 _SOURCE = frozenset({"source", "."})
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
 _NOT_WRAPPERS = ("activate", ".bashrc", ".bash_profile", ".profile", ".env", "/etc/", "env.sh")
+# Programs whose arguments the walk never reads (no launcher, no file written or state changed):
+# their words past the first need not be expanded.
+_INERT = NOT_LAUNCHERS - {
+    *("cd", "pushd", "popd", "[", "[[", "test", "true", "false", ":"),
+    *("unset", "shift", "set", "cat", "tee", "read", "eval", "source", "."),
+}
 _TEST_UNARY: dict[str, Callable[[str], bool]] = {"-n": bool, "-z": lambda s: not s}
 _TEST_INT = {
     "-eq": lambda a, b: a == b,
@@ -92,12 +113,12 @@ class Call:
 
     fields: tuple[Text, ...]
     before: tuple[Text, ...]  # wrapper fields before it (srun and its options...)
-    env: Mapping[str, Var]  # the variables the launched process sees (exported ones)
-    unexported: frozenset[str]  # assigned but not exported at this point
+    env: Mapping[str, Var]  # those of LAUNCH_VARIABLES the launched process sees (exported)
+    unexported: frozenset[str]  # those of LAUNCH_VARIABLES assigned but not exported here
     anchor: Anchor
     args_end: ArgsEnd
     cwd: Text | None
-    virtual: Mapping[str, Text]
+    virtual: Mapping[str, Text]  # the files written so far: a view, read during `on_call`
 
 
 @dataclass(frozen=True)
@@ -133,6 +154,7 @@ class Evaluator:
         self.outer: Anchor | None = None  # the top command running the string being walked
         self.reread = 0
         self.depth = 0
+        self.globs = 0
 
     # ------------------------------------------------------------ entry points
 
@@ -142,7 +164,10 @@ class Evaluator:
         outer, self.outer = self.outer, None  # a file's commands are anchored in the file
         try:
             source = Source(file, text)
-            self._walk(parse_tokens(text, tokenize(text)), source, shell)
+            for nodes in statements(text):  # walked as read: never the whole script's nodes
+                self._walk(nodes, source, shell)
+                if self.commands > MAX_COMMANDS:
+                    break  # the walk has stopped: the rest is not even read
         finally:
             self.depth -= 1
             self.outer = outer
@@ -159,7 +184,10 @@ class Evaluator:
                 _OPAQUE_MASK * len(seg.text) if seg.opaque else seg.text for seg in text.segs
             )
             source = Source(anchor.file, masked, text)
-            self._walk(parse_tokens(masked, tokenize(masked)), source, shell)
+            for nodes in statements(masked):
+                self._walk(nodes, source, shell)
+                if self.commands > MAX_COMMANDS:
+                    break
         finally:
             self.depth -= 1
             self.outer = outer
@@ -260,14 +288,30 @@ class Evaluator:
     def _case(self, node: Case, source: Source, shell: Shell) -> None:
         subject = expand_single(node.subject, source, shell) if node.subject else None
         if subject is not None and not subject.opaque:
-            for item in node.items:
+            for index, item in enumerate(node.items):
                 for pattern in item.patterns:
                     text = expand_single(pattern, source, shell)
-                    if not text.opaque and fnmatch.fnmatchcase(subject.plain, text.plain):
+                    matched = None if text.opaque else self._glob(subject.plain, text.plain)
+                    if matched is None:  # only known at run time from here on
+                        bodies = [later.body for later in node.items[index:]]
+                        self._alternatives(shell, bodies, source)
+                        return
+                    if matched:
                         self._walk(item.body, source, shell)
                         return
             return
         self._alternatives(shell, [item.body for item in node.items], source)
+
+    def _glob(self, subject: str, pattern: str) -> bool | None:
+        """Whether `subject` matches the glob `pattern`; None when it is not decided: too long
+        a pattern or subject, or past MAX_GLOB_TESTS (each compiles an expression; fnmatch's
+        own cache of 32,768 would keep a hostile script's patterns in the daemon)."""
+        if len(pattern) > MAX_GLOB_CHARS or len(subject) > MAX_GLOB_CHARS:
+            return None
+        self.globs += 1
+        if self.globs > MAX_GLOB_TESTS:
+            return None
+        return re.match(fnmatch.translate(pattern), subject) is not None
 
     # ------------------------------------------------------------ simple commands
 
@@ -277,7 +321,10 @@ class Evaluator:
             for word in node.assignments
             if (assignment := read_assignment(word, source, shell)) is not None
         ]
-        fields = expand_words(node.words, source, shell)
+        fields = expand_word(node.words[0], source, shell) if node.words else []
+        if fields and fields[0].plain in _INERT and not any(_assigns(w.parts) for w in node.words):
+            return True  # `echo ...`: its arguments change nothing, they are not expanded
+        fields += expand_words(node.words[1:], source, shell)
         if not node.words:
             for name, var, append in prefix:
                 assign(shell, name, var, append)
@@ -293,7 +340,7 @@ class Evaluator:
             self._cd(program, fields, shell)
             return True
         if program in {"[", "[[", "test", "true", "false", ":"}:
-            return _test(fields)
+            return _test(fields, self._glob)
         if program == "unset":
             for field_ in fields[1:]:
                 shell.env.forget(field_.plain)
@@ -306,7 +353,12 @@ class Evaluator:
         local = shell
         if prefix:  # `A=1 cmd`: A is set for cmd only
             local = Shell(
-                Env(shell.env), shell.positional, shell.functions, shell.cwd, shell.wrappers
+                shell.env.overlay(),
+                shell.positional,
+                shell.functions,
+                shell.cwd,
+                shell.wrappers,
+                shell.work,
             )
             for name, var, append in prefix:
                 previous = local.env.get(name)
@@ -331,9 +383,28 @@ class Evaluator:
         """Find what a command runs: another shell's code, a function, or a launcher."""
         if not fields or posixpath.basename(fields[0].plain) in NOT_LAUNCHERS:
             return
+        # Whether a launcher comes after each field, from the end: a wrapper script runs its
+        # arguments when one does. (Asking again for each field, and slicing the rest of the
+        # fields for each, was quadratic in a command of many words.)
+        launcher_after = [False] * (len(fields) + 1)
+        for index in range(len(fields) - 1, -1, -1):
+            following = fields[index + 1 : index + 2]
+            launcher_after[index] = launcher_after[index + 1] or _is_launcher(
+                posixpath.basename(fields[index].plain), following
+            )
         for index, current in enumerate(fields):
             word = current.plain
             base = posixpath.basename(word)
+            following = fields[index + 1 : index + 2]
+            if not (
+                (index == 0 and word in shell.functions)
+                or (index == 0 and word == "eval" and following)
+                or (base in _SHELLS and following)
+                or (word in _SOURCE and following)
+                or (word.endswith((".sh", ".bash")) and not word.startswith("-"))
+                or _is_launcher(base, following)
+            ):
+                continue
             rest = fields[index + 1 :]
             if index == 0 and word in shell.functions:
                 self._function(word, rest, shell)
@@ -350,11 +421,7 @@ class Evaluator:
                 self._script(rest[0], rest[1:], shell, anchor, ends, sourced=True)
                 return
             if word.endswith((".sh", ".bash")) and not word.startswith("-"):
-                if not any(
-                    _is_launcher(posixpath.basename(f.plain), fields[i + 1 :])
-                    for i, f in enumerate(fields)
-                    if i > index
-                ):
+                if not launcher_after[index + 1]:
                     self._script(current, rest, shell, anchor, ends, sourced=False)
                     return
                 continue  # a wrapper that runs its arguments (run_with_env.sh python ...)
@@ -364,16 +431,17 @@ class Evaluator:
                     if self.calls == MAX_CALLS + 1:
                         self.notes.append(f"only the first {MAX_CALLS} launch commands are read")
                     return
+                known = {name: var for name in LAUNCH_VARIABLES if (var := shell.env.get(name))}
                 self.on_call(
                     Call(
                         fields=tuple(fields[index:]),
                         before=shell.wrappers + tuple(fields[:index]),
-                        env={k: v for k, v in shell.env.items() if v.exported},
-                        unexported=frozenset(k for k, v in shell.env.items() if not v.exported),
+                        env={name: var for name, var in known.items() if var.exported},
+                        unexported=frozenset(n for n, var in known.items() if not var.exported),
                         anchor=anchor,
                         args_end=ends,
                         cwd=shell.cwd,
-                        virtual=dict(self.virtual),
+                        virtual=MappingProxyType(self.virtual),
                     )
                 )
                 return
@@ -428,6 +496,12 @@ class Evaluator:
         if text is None and resolved is not None and resolved in self.virtual:
             text = self.virtual[resolved].plain
         if text is None:
+            if not sourced:  # read as a launch: counted like one
+                self.calls += 1
+                if self.calls > MAX_CALLS:
+                    if self.calls == MAX_CALLS + 1:
+                        self.notes.append(f"only the first {MAX_CALLS} launch commands are read")
+                    return
             self.on_missing(Missing(path, resolved, tuple(arguments), anchor, sourced, ends))
             return
         if resolved is not None and resolved not in self.files_read:
@@ -526,22 +600,26 @@ class Evaluator:
 
 def _merge(shell: Shell, results: list[Shell]) -> None:
     """After branches the script cannot choose between: a variable they left different
-    becomes opaque, pointing at the first assignment that differs."""
-    names: set[str] = set()
-    for result in results:
-        names |= result.env.changed
-    for name in names:
-        values = [result.env.get(name) for result in results]
-        first = values[0]
-        if all(_same(first, value) for value in values[1:]):
+    becomes opaque, pointing at the first assignment that differs. Costs what the branches
+    changed: a branch that did not assign a name leaves it as it was (`shell`'s)."""
+    changed_in: dict[str, list[int]] = {}
+    for index, result in enumerate(results):
+        for name in result.env.changed:
+            changed_in.setdefault(name, []).append(index)
+    for name, indices in changed_in.items():
+        before = shell.env.get(name)
+        changed = [results[index].env.get(name) for index in indices]
+        unchanged = len(indices) < len(results)  # a branch left it as it was
+        first = changed[0] if indices[0] == 0 else before
+        if all(_same(first, value) for value in changed) and (
+            not unchanged or _same(first, before)
+        ):
             if first is None:
                 shell.env.forget(name)
             else:
                 shell.env[name] = first
             continue
-        differing = next(
-            (v for v in values if v is not None and not _same(v, shell.env.get(name))), None
-        )
+        differing = next((v for v in changed if v is not None and not _same(v, before)), None)
         file, start, form, span = None, 0, None, -1
         if differing is not None and differing.value.segs:
             seg = differing.value.segs[0]
@@ -549,6 +627,7 @@ def _merge(shell: Shell, results: list[Shell]) -> None:
                 file, start, form = seg.file, seg.start, seg.form
                 span = written_length(seg) if seg.opaque else len(seg.text)
         why = "depends on a condition the script tests at run time"
+        values = [*changed, before] if unchanged else changed
         exported = any(value is not None and value.exported for value in values)
         unknown = Seg(
             f"${name}",
@@ -558,11 +637,11 @@ def _merge(shell: Shell, results: list[Shell]) -> None:
             opaque=True,
             why=why,
             span=span,
-            frames=_candidates(shell.env.get(name), values),
+            frames=_candidates(before, changed),
         )
         shell.env[name] = Var(Text((unknown,)), None, exported)
     for result in results:
-        for function, definition in result.functions.items():
+        for function, definition in result.functions.maps[0].items():
             shell.functions.setdefault(function, definition)
     cwds = {None if r.cwd is None else r.cwd.plain for r in results}
     shell.cwd = results[0].cwd if len(cwds) == 1 else None
@@ -581,7 +660,9 @@ def _candidates(before: Var | None, values: list[Var | None]) -> tuple[Frame, ..
         frame = Frame(seg.file, seg.start, seg.start + length, seg.form, 0, -2)
         if frame not in frames:
             frames.append(frame)
-    return tuple(frames[:MAX_FRAMES])
+            if len(frames) == MAX_FRAMES:  # a `case` of 10,000 branches: enough to name
+                break
+    return tuple(frames)
 
 
 def _same(first: Var | None, second: Var | None) -> bool:
@@ -590,7 +671,7 @@ def _same(first: Var | None, second: Var | None) -> bool:
     return first.value.segs == second.value.segs and first.items == second.items
 
 
-def _test(fields: list[Text]) -> bool | None:
+def _test(fields: list[Text], glob: Callable[[str, str], bool | None]) -> bool | None:
     """The exit status of `[ ... ]`, `[[ ... ]]`, `test`, `true`, `false`, `:` when the script
     decides it: string tests on values it wrote, integer comparisons."""
     program = fields[0].plain
@@ -613,8 +694,10 @@ def _test(fields: list[Text]) -> bool | None:
     elif len(words) == 2 and words[0] in _TEST_UNARY:
         result = _TEST_UNARY[words[0]](words[1])
     elif len(words) == 3 and words[1] in {"=", "=="}:
-        glob = program == "[[" and words[1] == "=="
-        result = fnmatch.fnmatchcase(words[0], words[2]) if glob else words[0] == words[2]
+        if program == "[[" and words[1] == "==":
+            result = glob(words[0], words[2])
+        else:
+            result = words[0] == words[2]
     elif len(words) == 3 and words[1] == "!=":
         result = words[0] != words[2]
     elif len(words) == 3 and words[1] in _TEST_INT:
@@ -629,6 +712,18 @@ def _test(fields: list[Text]) -> bool | None:
 
 def _is_launcher(base: str, rest: list[Text]) -> bool:
     return launcher_kind(base, rest[0].plain if rest else "") is not None
+
+
+def _assigns(parts: tuple[Part, ...]) -> bool:
+    """Whether expanding these parts assigns a variable (`${X:=default}`, `${X=default}`)."""
+    for part in parts:
+        if part.kind is PartKind.PARAM and part.op in {"=", ":="}:
+            return True
+        if part.children and _assigns(part.children):
+            return True
+        if part.elements and any(_assigns(element.parts) for element in part.elements):
+            return True
+    return False
 
 
 def _word_end(word: Word) -> int:

@@ -9,20 +9,26 @@ Only what sbatch scripts use is read closely; anything else stays opaque rather 
 command substitutions, arithmetic and process substitutions are kept as single parts. It runs
 in time linear in the input, refuses input over `MAX_INPUT_CHARS`, and caps nesting (quotes in
 expansions in quotes...) at `MAX_NESTING`. Malformed input (an unterminated quote) is read the
-way bash would get as far as it can, never rejected: only size, NUL bytes and nesting depth
-raise `ImporterError`. It stays one piece of some 540 lines: the word reader and its scanners of
-quotes and expansions share one position and one nesting count.
+way bash would get as far as it can, never rejected: only size, NUL bytes, characters with no
+UTF-8 form, nesting depth and a word of over `MAX_STATEMENT_PARTS` parts raise `ImporterError`.
+The parser reads `significant_tokens`, made as it asks for them. It stays one piece of some 600
+lines: the word reader and its scanners of quotes and expansions share one position and one
+nesting count.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 from daemon.importer.records import MAX_INPUT_CHARS, ImporterError
 
 MAX_NESTING = 32  # quotes inside expansions inside quotes...: real scripts use 3 or 4
+# Words, operators and the parts of each (quotes, expansions, escapes) in one top-level command
+# or one here-document body: each is kept while its command is read (some 100 bytes a part).
+MAX_STATEMENT_PARTS = 100_000
 
 
 class TokenKind(StrEnum):
@@ -90,12 +96,14 @@ class Token:
     word: Word | None = None
     heredoc: Heredoc | None = None
     ordinal: int = -1  # pairs a `<<` operator with its body
+    weight: int = 0  # the parts read for a word or a body: what the parser counts it as
 
 
 _OPERATOR = re.compile(
     r"\d*(?:<<-|<<<|<<|<&|<>|<|>>|>&|>\||>)|&>>|&>|;;&|;;|;&|&&|\|\||\|&|[;&|()]"
 )
 _BLANKS = re.compile(r"[ \t]+")
+_SPACE_RUN = re.compile(r"[ \t\n]*")
 _PLAIN = {
     "unquoted": re.compile(r"[^ \t\n;&|<>()\\'\"$`]+"),
     "double": re.compile(r"[^\"\\$`]+"),
@@ -103,6 +111,7 @@ _PLAIN = {
     "brace": re.compile(r"[^}\\'\"$`]+"),
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORD_ENDS = frozenset(" \t\n;&|<>)")  # after a plain run, the word ends (not at `(`: NAME=( )
 _SPECIAL_PARAM = frozenset("@*#?$!-0123456789")
 _PARAM_OPS = (":-", ":=", ":?", ":+", "##", "%%", "//", "^^", ",,", "-", "=", "?", "+")
 ASSIGN_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^\]]*\])?\+?=")
@@ -112,57 +121,96 @@ _HEREDOC_ESCAPES = frozenset("$`\\\n")
 
 
 class _Lexer:
-    def __init__(self, text: str) -> None:
+    """Yields the tokens as it reads them; `significant`: only words, operators, newlines and
+    here-document bodies (what the parser reads), not blanks, comments and continuations."""
+
+    def __init__(self, text: str, *, significant: bool = False) -> None:
         self.text = text
         self.size = len(text)
-        self.tokens: list[Token] = []
+        self.significant = significant
         self.pending: list[tuple[str, bool, bool, int]] = []  # delimiter, quoted, strip, ordinal
         self.heredocs = 0
         self.expect_delimiter: tuple[bool, int] | None = None
 
-    def run(self) -> tuple[Token, ...]:
+    def run(self) -> Iterator[Token]:
         text, size = self.text, self.size
+        significant = self.significant
         pos = 0
         while pos < size:
             char = text[pos]
             if char in " \t":
                 blanks = _BLANKS.match(text, pos)
-                pos = self._emit(TokenKind.BLANK, pos, blanks.end() if blanks else pos + 1)
+                end = blanks.end() if blanks else pos + 1
+                if not significant:
+                    yield Token(TokenKind.BLANK, pos, end)
+                pos = end
             elif char == "\n":
-                pos = self._emit(TokenKind.NEWLINE, pos, pos + 1)
+                yield Token(TokenKind.NEWLINE, pos, pos + 1)
+                pos += 1
                 if self.pending:
-                    pos = self._bodies(pos)
+                    for token in self._bodies(pos):
+                        yield token
+                        pos = token.end
+                elif significant:
+                    pos = self._blank_lines(pos)
             elif char == "\\" and text.startswith("\n", pos + 1):
-                pos = self._emit(TokenKind.CONTINUATION, pos, pos + 2)
+                if not significant:
+                    yield Token(TokenKind.CONTINUATION, pos, pos + 2)
+                pos += 2
             elif char == "#":
                 newline = text.find("\n", pos)
-                pos = self._emit(TokenKind.COMMENT, pos, size if newline < 0 else newline)
+                end = size if newline < 0 else newline
+                if not significant:
+                    yield Token(TokenKind.COMMENT, pos, end)
+                pos = end
             else:
                 operator = None
                 if not (char in "<>" and text.startswith("(", pos + 1)):
                     operator = _OPERATOR.match(text, pos)
-                pos = self._word(pos) if operator is None else self._operator(pos, operator.group())
-        return tuple(self.tokens)
+                token = (
+                    self._word(pos) if operator is None else self._operator(pos, operator.group())
+                )
+                yield token
+                pos = token.end
 
-    def _emit(self, kind: TokenKind, start: int, end: int) -> int:
-        self.tokens.append(Token(kind, start, end))
-        return end
+    def _blank_lines(self, pos: int) -> int:
+        """Past the blank lines and comments after a newline: one NEWLINE stands for them all,
+        as the parser reads it (a million newlines were a million tokens)."""
+        text = self.text
+        while True:
+            run = _SPACE_RUN.match(text, pos)
+            pos = run.end() if run else pos
+            if not text.startswith("#", pos):
+                return pos
+            newline = text.find("\n", pos)
+            if newline < 0:
+                return self.size
+            pos = newline
 
-    def _operator(self, pos: int, op: str) -> int:
+    def _operator(self, pos: int, op: str) -> Token:
         bare = op.lstrip("0123456789")
         ordinal = -1
         if bare in {"<<", "<<-"}:
             ordinal = self.heredocs
             self.heredocs += 1
             self.expect_delimiter = (bare == "<<-", ordinal)
-        self.tokens.append(Token(TokenKind.OPERATOR, pos, pos + len(op), ordinal=ordinal))
-        return pos + len(op)
+        return Token(TokenKind.OPERATOR, pos, pos + len(op), ordinal=ordinal)
 
-    def _word(self, pos: int) -> int:
-        word = _WordReader(self.text, 0).word(pos)
+    def _word(self, pos: int) -> Token:
+        plain = _PLAIN["unquoted"].match(self.text, pos)
+        end = plain.end() if plain else pos
+        if (
+            end > pos
+            and self.expect_delimiter is None
+            and (end == self.size or self.text[end] in _WORD_ENDS)
+        ):
+            # A plain word (most are): one literal part, no reader needed.
+            word = Word(pos, end, (Part(PartKind.LITERAL, pos, end),))
+            return Token(TokenKind.WORD, pos, end, word=word, weight=1)
+        reader = _WordReader(self.text, 0)
+        word = reader.word(pos)
         if word.end == pos:  # a character no rule takes: keep it as a word of its own
             word = Word(pos, pos + 1, (Part(PartKind.LITERAL, pos, pos + 1),))
-        self.tokens.append(Token(TokenKind.WORD, word.start, word.end, word=word))
         if self.expect_delimiter is not None:
             strip, ordinal = self.expect_delimiter
             self.expect_delimiter = None
@@ -170,16 +218,19 @@ class _Lexer:
             quoted = any(char in raw for char in "'\"\\")
             delimiter = re.sub(r"\\(.)|['\"]", lambda match: match.group(1) or "", raw)
             self.pending.append((delimiter, quoted, strip, ordinal))
-        return word.end
+        return Token(TokenKind.WORD, word.start, word.end, word=word, weight=reader.spent[0])
 
-    def _bodies(self, pos: int) -> int:
+    def _bodies(self, pos: int) -> list[Token]:
         """Here-document bodies start on the line after their operator, in operator order."""
+        tokens = []
         for delimiter, quoted, strip, ordinal in self.pending:
-            pos = self._body(pos, delimiter, quoted, strip, ordinal)
+            token = self._body(pos, delimiter, quoted, strip, ordinal)
+            tokens.append(token)
+            pos = token.end
         self.pending = []
-        return pos
+        return tokens
 
-    def _body(self, start: int, delimiter: str, quoted: bool, strip: bool, ordinal: int) -> int:
+    def _body(self, start: int, delimiter: str, quoted: bool, strip: bool, ordinal: int) -> Token:
         text, pos = self.text, start
         body_end, end, terminated = self.size, self.size, False
         while pos < self.size:
@@ -190,27 +241,32 @@ class _Lexer:
                 body_end, end, terminated = pos, line_end, True
                 break
             pos = line_end + 1
+        reader = _WordReader(text, 0)
         if quoted:
             parts: tuple[Part, ...] = (Part(PartKind.QUOTED_TEXT, start, body_end),)
         else:
-            parts = _WordReader(text, 0).quoted_parts(start, body_end, "heredoc")
+            parts = reader.quoted_parts(start, body_end, "heredoc")
         heredoc = Heredoc(delimiter, quoted, strip, start, body_end, end, parts, terminated)
-        self.tokens.append(Token(TokenKind.HEREDOC, start, end, heredoc=heredoc, ordinal=ordinal))
-        return end
+        weight = reader.spent[0]
+        return Token(TokenKind.HEREDOC, start, end, heredoc=heredoc, ordinal=ordinal, weight=weight)
 
 
 class _WordReader:
     """Reads the parts of one word (or of a string) from a position; nesting is depth-capped."""
 
-    def __init__(self, text: str, depth: int, limit: int | None = None) -> None:
+    def __init__(
+        self, text: str, depth: int, limit: int | None = None, spent: list[int] | None = None
+    ) -> None:
         if depth > MAX_NESTING:
             raise ImporterError(f"quotes and expansions nested deeper than {MAX_NESTING} levels")
         self.text = text
         self.size = len(text) if limit is None else limit
         self.depth = depth
+        self.spent = [0] if spent is None else spent  # parts read, shared with nested readers
 
     def nested(self, limit: int | None = None) -> _WordReader:
-        return _WordReader(self.text, self.depth + 1, self.size if limit is None else limit)
+        limit = self.size if limit is None else limit
+        return _WordReader(self.text, self.depth + 1, limit, self.spent)
 
     def word(self, pos: int) -> Word:
         """An unquoted word from `pos` to the first blank or operator character."""
@@ -236,12 +292,15 @@ class _WordReader:
         """The parts of a double-quoted string's content or an unquoted here-document body."""
         parts: list[Part] = []
         pos = start
-        bounded = _WordReader(self.text, self.depth, end)
+        bounded = _WordReader(self.text, self.depth, end, self.spent)
         while pos < end:
             pos = bounded._part(parts, pos, mode)
         return tuple(parts)
 
     def _part(self, parts: list[Part], pos: int, mode: str) -> int:
+        self.spent[0] += 1  # at most one new part here: what a word weighs, nested ones too
+        if self.spent[0] > MAX_STATEMENT_PARTS:
+            raise ImporterError(f"a word of over {MAX_STATEMENT_PARTS} parts, not read")
         text = self.text
         char = text[pos]
         quoted = mode in {"double", "heredoc"}
@@ -426,9 +485,17 @@ def _array_start(text: str, start: int, pos: int, parts: list[Part]) -> bool:
     return prefix is not None
 
 
+_DOUBLE_RUN = re.compile(r'[^"\\$`]*')  # what `_find_double_close` steps over at once
+_ESCAPED_RUN = {"'": re.compile(r"[^\\']*"), "`": re.compile(r"[^\\`]*")}
+
+
 def _find_double_close(text: str, pos: int, size: int) -> int:
     """The index of the `"` closing a string whose content starts at `pos` (or `size`)."""
     while pos < size:
+        run = _DOUBLE_RUN.match(text, pos, size)
+        pos = run.end() if run else pos
+        if pos >= size:
+            break
         char = text[pos]
         if char == '"':
             return pos
@@ -447,6 +514,10 @@ def _find_double_close(text: str, pos: int, size: int) -> int:
 
 def _find_ansi_close(text: str, pos: int, size: int) -> int:
     while pos < size:
+        run = _ESCAPED_RUN["'"].match(text, pos, size)
+        pos = run.end() if run else pos
+        if pos >= size:
+            break
         if text[pos] == "\\":
             pos += 2
         elif text[pos] == "'":
@@ -458,6 +529,10 @@ def _find_ansi_close(text: str, pos: int, size: int) -> int:
 
 def _skip_backquote(text: str, pos: int, size: int) -> int:
     while pos < size:
+        run = _ESCAPED_RUN["`"].match(text, pos, size)
+        pos = run.end() if run else pos
+        if pos >= size:
+            break
         if text[pos] == "\\":
             pos += 2
         elif text[pos] == "`":
@@ -526,15 +601,38 @@ def _skip_nested(text: str, pos: int, closer: str, size: int) -> int:
     return size
 
 
-def check_input(text: str, what: str) -> None:
-    """Refuse what is not a text file an importer should read: too long, or with NUL bytes."""
+def input_problem(text: str) -> str | None:
+    """Why `text` is not a text file an importer should read (too long, NUL bytes, a character
+    with no UTF-8 form), or None. The last would raise UnicodeEncodeError where a site's byte
+    offset is counted: text decoded with `surrogateescape` has only the surrogates that encode
+    back (U+DC80 to U+DCFF), a caller's str may hold any."""
     if len(text) > MAX_INPUT_CHARS:
-        raise ImporterError(f"{what}: over {MAX_INPUT_CHARS} characters, not read")
+        return f"over {MAX_INPUT_CHARS} characters"
     if "\0" in text:
-        raise ImporterError(f"{what}: NUL bytes, not a text file")
+        return "NUL bytes: not a text file"
+    if not text.isascii():
+        try:
+            text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as error:
+            return f"character {error.start} has no UTF-8 form (a lone surrogate)"
+    return None
+
+
+def check_input(text: str, what: str) -> None:
+    """Refuse what is not a text file an importer should read (`input_problem`)."""
+    problem = input_problem(text)
+    if problem is not None:
+        raise ImporterError(f"{what}: {problem}, not read")
 
 
 def tokenize(text: str) -> tuple[Token, ...]:
     """Tokens covering `text` exactly, in order (here-document bodies after their line)."""
     check_input(text, "script")
-    return _Lexer(text).run()
+    return tuple(_Lexer(text).run())
+
+
+def significant_tokens(text: str) -> Iterator[Token]:
+    """What the parser reads of `text` (no blanks, comments, continuations), one token at a
+    time: a script's tokens are never all held at once."""
+    check_input(text, "script")
+    return _Lexer(text, significant=True).run()

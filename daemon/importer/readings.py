@@ -9,13 +9,13 @@ overridden or a mirror that must agree, or the reason the value is only known at
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from daemon.importer.configs import ConfigFormat
 from daemon.importer.places import Places
 from daemon.importer.records import (
     CONFIG_FORMS,
+    MAX_OCCURRENCES,
     Basis,
     Effect,
     Form,
@@ -26,7 +26,13 @@ from daemon.importer.records import (
     Site,
     Status,
 )
-from daemon.importer.values import Text, written_length
+from daemon.importer.values import (
+    MAX_NUMBER_DIGITS,
+    WHOLE_NUMBER,
+    Text,
+    whole_number,
+    written_length,
+)
 from daemon.importer.vocabulary import Name
 
 INT_KNOBS = frozenset(
@@ -86,7 +92,6 @@ _BOOLEAN = {
     "on": "true",
     "off": "false",
 }
-WHOLE_NUMBER = re.compile(r"[0-9][0-9_]*\Z")
 
 
 @dataclass
@@ -118,7 +123,7 @@ def read_knob(
     """What the script says of `knob`: the place that wins among those `found`, the others
     with their effect; else the most specific place it may hide in (`carriers`); else nothing."""
     candidates = [f for f in found if f.knob is knob]
-    occurrences = _occurrences(knob, candidates, places)
+    occurrences, unlisted = _occurrences(knob, candidates, places)
     if occurrences:
         winner = occurrences[0]
         if winner.status is Status.FOUND:
@@ -128,7 +133,9 @@ def read_knob(
         else:
             reason = f"{winner.source}: {winner.reason}"
         value = winner.value
-        return KnobReading(knob, winner.status, value, occurrences, reason)
+        if unlisted:
+            reason += f" (and {unlisted} more places, not listed)"
+        return KnobReading(knob, winner.status, value, occurrences, reason, unlisted)
     carrier = _best_carrier(knob, carriers)
     if carrier is not None:
         occurrence = _carrier_occurrence(knob, carrier, places)
@@ -142,14 +149,20 @@ def read_knob(
     return KnobReading(knob, Status.NOT_FOUND, None, (), "not set by the script")
 
 
-def _occurrences(knob: Knob, candidates: list[Found], places: Places) -> tuple[Occurrence, ...]:
+def _occurrences(
+    knob: Knob, candidates: list[Found], places: Places
+) -> tuple[tuple[Occurrence, ...], int]:
+    """The occurrences, winner first, and how many places past `MAX_OCCURRENCES` were left
+    unread (each occurrence costs its sites and lines; thousands of one flag are no script's)."""
     if not candidates:
-        return ()
+        return (), 0
     ordered = sorted(candidates, key=lambda f: (f.rank, -f.name.rank, f.order), reverse=True)
     winner = ordered[0]
     result: list[Occurrence] = []
     seen: set[tuple[str, int, int]] = set()
-    for found in ordered:
+    for index, found in enumerate(ordered):
+        if len(result) >= MAX_OCCURRENCES:
+            return tuple(result), len(ordered) - index
         effect = Effect.WINS if found is winner else _effect(found, winner)
         occurrence = _occurrence(knob, found, effect, places)
         if occurrence is None:
@@ -163,7 +176,7 @@ def _occurrences(knob: Knob, candidates: list[Found], places: Places) -> tuple[O
         if not result and effect is not Effect.WINS:
             occurrence = _with_effect(occurrence, Effect.WINS)
         result.append(occurrence)
-    return tuple(result)
+    return tuple(result), 0
 
 
 def _effect(found: Found, winner: Found) -> Effect:
@@ -292,8 +305,11 @@ def _normalise_value(knob: Knob, raw: str) -> tuple[str, str]:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         value = value[1:-1]
     if knob in INT_KNOBS:
-        if WHOLE_NUMBER.match(value):
-            return str(int(value)), ""
+        number = whole_number(value)
+        if number is not None:
+            return str(number), ""
+        if WHOLE_NUMBER.match(value) and len(value) > MAX_NUMBER_DIGITS:
+            return value, f"a number of {len(value)} digits"
         return value, f"{value!r} is not a whole number"
     if knob is Knob.RECOMPUTE:
         return _BOOLEAN.get(value.lower(), value), ""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 MAX_INPUT_CHARS = 1_048_576  # one script or config file; a real one is a few KB
+MAX_OCCURRENCES = 32  # places one knob's reading lists; a real script writes a knob in a few
 
 
 class ImporterError(ValueError):
@@ -156,6 +157,8 @@ class KnobReading:
     value: str | None  # the winning value (RUNTIME: its expression); None when NOT_FOUND
     occurrences: tuple[Occurrence, ...]
     reason: str  # in words: where the value comes from, or why there is none
+    unlisted: int = 0  # places past MAX_OCCURRENCES, not read into occurrences (a hostile
+    # script's thousands of copies of one flag): a change could not reach them all
 
     @property
     def winner(self) -> Occurrence | None:

@@ -10,10 +10,16 @@ of `2` still point at the assignment.
 Each segment also carries the `$X` references it was expanded through (`Frame`s, outermost
 first), which is how the analysis finds the lines a value passed through and where a new flag
 can be appended to a command built from variables.
+
+Costs: building a text is linear in its segments and characters, and so is `concat` of many;
+finding a position (`slice`, `origin_at`...) is a binary search over the segments' ends, kept
+once computed. Repeated `a + b` onto a growing text is quadratic; callers that join many pieces
+use `concat`, and the walk bounds how much references copy in all (`expansion.Work`).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -25,6 +31,19 @@ MAX_FRAMES = 16  # references one character is followed through
 MAX_SEGMENTS = 4096  # places one value is assembled from (a real one has a handful)
 _BLANKS = " \t\n"
 _BLANK_RUN = re.compile(r"[ \t\n]+")
+WHOLE_NUMBER = re.compile(r"[0-9][0-9_]*\Z")
+MAX_NUMBER_DIGITS = 64  # Python converts at most 4,300 digits (ValueError past it)
+
+
+def whole_number(text: str) -> int | None:
+    """`text` as a whole number (`1_000` too), or None: not one, or longer than
+    MAX_NUMBER_DIGITS (a batch size of 5,000 digits raised from `int()`, a traceback)."""
+    if len(text) > MAX_NUMBER_DIGITS or not WHOLE_NUMBER.match(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # `1__0`, `1_`: underscores `int()` refuses
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +74,38 @@ class Seg:
         """The segment's characters [begin, end): origin and frames follow the cut."""
         if self.opaque or (begin == 0 and end == len(self.text)):
             return self
-        frames = tuple(replace(frame, offset=frame.offset + begin) for frame in self.frames)
-        return replace(self, text=self.text[begin:end], start=self.start + begin, frames=frames)
+        frames = tuple(_shifted(frame, begin) for frame in self.frames)
+        return Seg(
+            self.text[begin:end],
+            self.file,
+            self.start + begin,
+            self.form,
+            self.opaque,
+            self.why,
+            self.span,
+            frames,
+        )
+
+    def framed(self, frames: tuple[Frame, ...]) -> Seg:
+        return Seg(
+            self.text, self.file, self.start, self.form, self.opaque, self.why, self.span, frames
+        )
+
+
+def _shifted(frame: Frame, step: int) -> Frame:
+    """`frame` for a character `step` further into its expansion's value (no `replace`: this
+    runs for every segment a reference copies)."""
+    if not step:
+        return frame
+    return Frame(
+        frame.file,
+        frame.start,
+        frame.end,
+        frame.form,
+        frame.offset + step,
+        frame.last,
+        frame.tail_newline,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,40 +118,72 @@ class Run:
     form: Form | None
 
 
-def _joinable(first: Seg, second: Seg) -> bool:
+def _joinable(first: Seg, second: Seg, length: int) -> bool:
+    """Whether `second` continues `first` (whose text is `length` characters long so far)."""
     if first.opaque or second.opaque or first.form is not second.form:
         return False
     if first.file != second.file or len(first.frames) != len(second.frames):
         return False
-    if first.file is not None and first.start + len(first.text) != second.start:
+    if first.file is not None and first.start + length != second.start:
         return False
-    step = len(first.text)
     return all(
-        one == replace(two, offset=two.offset - step)
-        for one, two in zip(first.frames, second.frames, strict=True)
+        one == _shifted(two, -length) for one, two in zip(first.frames, second.frames, strict=True)
     )
+
+
+def _merged(segs: Iterable[Seg], limit: int | None = None) -> list[Seg] | None:
+    """The segments with each run that continues one place joined into one, empty ones
+    dropped; None past `limit` segments. Linear: a run's texts are joined once at its end."""
+    merged: list[Seg] = []
+    pending: list[str] = []  # texts that continue merged[-1]
+    length = 0  # merged[-1]'s length with them
+    for seg in segs:
+        if not seg.text and not seg.opaque:
+            continue
+        if merged and _joinable(merged[-1], seg, length):
+            pending.append(seg.text)
+            length += len(seg.text)
+            continue
+        if pending:
+            last = merged[-1]
+            merged[-1] = replace(last, text=last.text + "".join(pending))
+            pending = []
+        merged.append(seg)
+        length = len(seg.text)
+        if limit is not None and len(merged) > limit:
+            return None
+    if pending:
+        last = merged[-1]
+        merged[-1] = replace(last, text=last.text + "".join(pending))
+    return merged
 
 
 class Text:
     """An immutable string of segments; `plain` is the string with opaque runs as written."""
 
-    __slots__ = ("plain", "segs")
+    __slots__ = ("_ends", "plain", "segs")
 
     segs: tuple[Seg, ...]
     plain: str
+    _ends: list[int] | None  # where each segment ends in `plain`, computed when first needed
 
     def __init__(self, segs: Iterable[Seg] = ()) -> None:
-        merged: list[Seg] = []
-        for seg in segs:
-            if not seg.text and not seg.opaque:
-                continue
-            if merged and _joinable(merged[-1], seg):
-                last = merged[-1]
-                merged[-1] = replace(last, text=last.text + seg.text)
-            else:
-                merged.append(seg)
+        if type(segs) is tuple and len(segs) == 1 and (segs[0].text or segs[0].opaque):
+            self._set(list(segs))  # `written`, `derived`, `unknown`: nothing to merge
+        else:
+            self._set(_merged(segs) or [])
+
+    def _set(self, merged: list[Seg]) -> None:
         self.segs = tuple(merged)
         self.plain = "".join(seg.text for seg in merged)
+        self._ends = None
+
+    @classmethod
+    def _of_merged(cls, merged: list[Seg]) -> Text:
+        """A text of segments already merged (by `_merged`), without merging them again."""
+        text = cls.__new__(cls)
+        text._set(merged)
+        return text
 
     @classmethod
     def written(cls, file: str, start: int, text: str, form: Form) -> Text:
@@ -152,9 +233,21 @@ class Text:
     def unknowns(self) -> list[Seg]:
         return [seg for seg in self.segs if seg.opaque]
 
-    def _located(self) -> Iterator[tuple[int, Seg]]:
-        position = 0
-        for seg in self.segs:
+    def _located(self, at: int = 0) -> Iterator[tuple[int, Seg]]:
+        """The segments from the one holding character `at` (or an empty one starting there)
+        on, each with its position: a binary search, then a walk."""
+        ends = self._ends
+        if ends is None:
+            ends = self._ends = []
+            position = 0
+            for seg in self.segs:
+                position += len(seg.text)
+                ends.append(position)
+        index = bisect.bisect_left(ends, at)  # the first segment that ends at `at` or later
+        position = ends[index - 1] if index else 0
+        segs = self.segs
+        for at_index in range(index, len(segs)):  # not `segs[index:]`: a copy per call
+            seg = segs[at_index]
             yield position, seg
             position += len(seg.text)
 
@@ -164,7 +257,9 @@ class Text:
         if begin <= 0 and end >= len(self.plain):
             return self
         kept: list[Seg] = []
-        for position, seg in self._located():
+        for position, seg in self._located(max(begin, 0)):
+            if position > end:
+                break
             seg_end = position + len(seg.text)
             outside = seg_end <= begin or position >= end
             if outside and not (seg.opaque and position == begin == end):
@@ -217,10 +312,14 @@ class Text:
         last = len(stripped) - 1
         newline = "\n" in self.plain[len(stripped) :]
         segs = []
+        deep = False
         for position, seg in self._located():
             frame = Frame(file, start, end, form, position, last, newline)
-            segs.append(replace(seg, frames=((frame, *seg.frames))[:MAX_FRAMES]))
-        return Text(segs)
+            deep = deep or len(seg.frames) >= MAX_FRAMES
+            segs.append(seg.framed((frame, *seg.frames)[:MAX_FRAMES]))
+        # One more outer frame, shifted along with the characters, joins no two segments that
+        # did not join before, unless the cut at MAX_FRAMES dropped the frames that differed.
+        return Text(segs) if deep else Text._of_merged(segs)
 
     def runs(self) -> list[Run] | None:
         """The places the characters were written, merged when consecutive; None when a
@@ -262,16 +361,20 @@ class Text:
 
     def frames_at(self, index: int) -> tuple[Frame, ...]:
         """The references the character at `index` came through, with offsets made exact."""
-        for position, seg in self._located():
+        for position, seg in self._located(index):
+            if position > index:
+                break
             if position <= index < position + len(seg.text):
                 step = index - position
-                return tuple(replace(frame, offset=frame.offset + step) for frame in seg.frames)
+                return tuple(_shifted(frame, step) for frame in seg.frames)
         return ()
 
     def end_at(self, index: int) -> tuple[str, int, Form | None] | None:
         """Where text written right after the character at `index` would go: after it in its
         file, or after the whole expression for an opaque run."""
-        for position, seg in self._located():
+        for position, seg in self._located(index):
+            if position > index:
+                break
             if position <= index < position + len(seg.text):
                 if seg.file is None:
                     return None
@@ -282,7 +385,9 @@ class Text:
 
     def origin_at(self, index: int) -> tuple[str, int, Form | None] | None:
         """Where the character at `index` is written (file, offset, form), when it is."""
-        for position, seg in self._located():
+        for position, seg in self._located(index):
+            if position > index:
+                break
             if position <= index < position + len(seg.text):
                 if seg.file is None:
                     return None
@@ -303,9 +408,28 @@ def too_long() -> Text:
     return Text((_TOO_LONG,))
 
 
+def concat(texts: Iterable[Text]) -> Text:
+    """The texts one after the other, built once: what `a + b + c...` gives (too long past the
+    same limits, counted on the merged segments), in time linear in the pieces where the
+    repeated `+` was quadratic."""
+    pieces = list(texts)
+    if sum(len(text.plain) for text in pieces) > MAX_VALUE_CHARS or any(
+        seg.opaque and seg.why == _TOO_LONG.why for text in pieces for seg in text.segs
+    ):
+        return too_long()
+    if len(pieces) == 1 and len(pieces[0].segs) <= MAX_SEGMENTS:
+        return pieces[0]  # a word of one piece, the common case
+    merged = _merged((seg for text in pieces for seg in text.segs), MAX_SEGMENTS)
+    return too_long() if merged is None else Text._of_merged(merged)
+
+
 def join(texts: Iterable[Text], separator: str = " ") -> Text:
-    result = Text()
-    gap = Text.derived(separator)
-    for index, text in enumerate(texts):
-        result = result + gap + text if index else result + text
-    return result
+    gap = Text.derived(separator) if separator else Text()
+
+    def pieces() -> Iterator[Text]:
+        for index, text in enumerate(texts):
+            if index:
+                yield gap
+            yield text
+
+    return concat(pieces())

@@ -1,4 +1,5 @@
-"""Seconds and peak memory of the hostile logs (issue 10), each read in a child of its own.
+"""Seconds and peak memory of the hostile logs (issue 10) and of the importer's worst inputs
+(issue 23), each read in a child of its own.
 
 For each input: the scan and diagnosis in a fresh Python child, and the whole CLI
 (`slurm-medic diagnose --log F --json`), each timed from start to exit and measured by its
@@ -7,6 +8,13 @@ of every figure; the `empty` row shows how much. The first four inputs are the b
 hook's reproducers byte for byte (`tests/test_hostile_logs.py` runs them through the pure
 functions); the rest are the other shapes whose work the scanner bounds. Each file is written
 to `BENCH_DIR` (default: the system temporary directory) and deleted afterwards.
+
+The importer's inputs (`tests.importer_corpus`: the TOML table expression's `[` and blanks in a
+script's here-document, cubic before; a YAML key's blanks; the script ending in `&&`, a
+traceback before; a realistic script of 985 KB; one input per other reader) each go through
+`slurm-medic template analyse FILE --json` in a directory of their own. Outcome: `report` when
+the command printed its JSON document, else its exit code (3: the importer refused the input
+with its own error, which the command reports).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from tests.importer_corpus import AND_AND_SCRIPT, HOSTILE_SCRIPTS, large_script
 
 CHILD_SECONDS = 120  # a child still running after this is killed and reported as such
 HOOK_MESSAGE = (
@@ -69,6 +79,28 @@ HOSTILE: dict[str, Callable[[], bytes]] = {
     "nested-json": lambda: b'{"message": ' + b"[" * 400_000 + b"]" * 400_000 + b"}",
     "redraws": lambda: (b"x\r" * 60_000 + b"\n") * 20,
     "empty": bytes,
+}
+
+KB = 1024
+# The importer's worst inputs: name -> the script's text.
+IMPORTER: dict[str, Callable[[], str]] = {
+    "empty": lambda: "#!/bin/bash\n",
+    "toml-[-6KB": lambda: HOSTILE_SCRIPTS["toml-bracket-heredoc"](6 * KB),
+    "toml-[-64KB": lambda: HOSTILE_SCRIPTS["toml-bracket-heredoc"](64 * KB),
+    "yaml-key-64KB": lambda: HOSTILE_SCRIPTS["yaml-key-blanks-heredoc"](64 * KB),
+    "yaml-interp-64KB": lambda: HOSTILE_SCRIPTS["yaml-interpolations"](64 * KB),
+    "json-\\-64KB": lambda: HOSTILE_SCRIPTS["json-backslashes-heredoc"](64 * KB),
+    "python-64KB": lambda: HOSTILE_SCRIPTS["python-blanks-heredoc"](64 * KB),
+    "and-and": lambda: AND_AND_SCRIPT,
+    "and-and-64KB": lambda: HOSTILE_SCRIPTS["and-and-trailing"](64 * KB),
+    "$(-nest-64KB": lambda: HOSTILE_SCRIPTS["nested-substitutions"](64 * KB),
+    "flags-64KB": lambda: HOSTILE_SCRIPTS["one-line-flags"](64 * KB),
+    "growing-64KB": lambda: HOSTILE_SCRIPTS["growing-path"](64 * KB),
+    "case-64KB": lambda: HOSTILE_SCRIPTS["case-branches"](64 * KB),
+    "large-985KB": lambda: large_script(985_000),
+    "flags-985KB": lambda: HOSTILE_SCRIPTS["one-line-flags"](985_000),
+    "newlines-985KB": lambda: HOSTILE_SCRIPTS["newlines"](985_000),
+    "exports-ifs-985KB": lambda: HOSTILE_SCRIPTS["exports-and-tests"](985_000),
 }
 
 # A child's ru_maxrss counts the memory of the process it was forked from (Linux keeps the
@@ -136,6 +168,39 @@ def main() -> None:
         f"{'input':<15} {'bytes':>10} {'scan s':>7} {'scan MiB':>9} {'cli s':>7} {'cli MiB':>8}"
         "  verdict (scan; cli --json)"
     )
+    _logs(directory, script)
+    _importer(directory, script)
+
+
+def _importer(directory: Path, script: str) -> None:
+    print()
+    print("the importer: slurm-medic template analyse FILE --json")
+    print(f"{'input':<18} {'bytes':>10} {'cli s':>7} {'cli MiB':>8}  outcome")
+    for name, build in IMPORTER.items():
+        folder = Path(tempfile.mkdtemp(prefix="slurm-medic-bench-import-", dir=directory))
+        path = folder / "job.sbatch"
+        path.write_bytes(build().encode("utf-8", "surrogateescape"))
+        try:
+            seconds, mib, code, output = _measure(
+                [script, "template", "analyse", str(path), "--json"]
+            )
+            outcome = f"exit {code}"
+            if code == 0:
+                try:
+                    json.loads(output)
+                    outcome = "report"
+                except ValueError:
+                    outcome = "exit 0, no JSON"
+            print(
+                f"{name:<18} {path.stat().st_size:>10} {seconds:>7.2f} {mib:>8.1f}  {outcome}",
+                flush=True,
+            )
+        finally:
+            path.unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def _logs(directory: Path, script: str) -> None:
     for name, build in HOSTILE.items():
         path = directory / f"slurm-medic-bench-hostile-{name}.log"
         path.write_bytes(build())
