@@ -29,9 +29,20 @@ from daemon.store.settings import StoreSettings, sqlite_url
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
-ALICE = pwd.getpwnam("alice")
-BOB = pwd.getpwnam("bob")
-ALICE_GROUP = grp.getgrgid(ALICE.pw_gid).gr_name
+
+def _alice() -> pwd.struct_passwd:
+    """Looked up when a test runs: the suite's `job_users` makes the accounts."""
+    return pwd.getpwnam("alice")
+
+
+def _bob() -> pwd.struct_passwd:
+    return pwd.getpwnam("bob")
+
+
+def _alice_group() -> str:
+    return grp.getgrgid(_alice().pw_gid).gr_name
+
+
 NOW = datetime.now(UTC).replace(microsecond=0)
 NODE = "gpu-02"
 # Every string of bob's run that alice must never be shown.
@@ -104,9 +115,9 @@ def seeded(tmp_path: Path) -> Seeded:
     engine = make_engine(StoreSettings(url=url))
     upgrade(engine)
     with make_session_factory(engine)() as session:
-        alice_lineage, alice_proposal = _run(session, owner=ALICE, job_id=1001, words="alice")
-        bob_lineage, bob_proposal = _run(session, owner=BOB, job_id=4242, words="bob-secret")
-        _run(session, owner=BOB, job_id=4343, words="bob-secret", lineage=False)
+        alice_lineage, alice_proposal = _run(session, owner=_alice(), job_id=1001, words="alice")
+        bob_lineage, bob_proposal = _run(session, owner=_bob(), job_id=4242, words="bob-secret")
+        _run(session, owner=_bob(), job_id=4343, words="bob-secret", lineage=False)
         control.record_node_event(
             session, node=NODE, kind=NodeEventKind.DRAIN, by_medic=True, reason="medic: XID 79"
         )
@@ -148,12 +159,12 @@ def test_under_sudo_status_lists_only_the_callers_runs_and_approvals(
     seeded: Seeded, tmp_path: Path
 ) -> None:
     config = _config(tmp_path, seeded.url)
-    document = _json(_cli(config, "status", "--json", sudo=ALICE))
+    document = _json(_cli(config, "status", "--json", sudo=_alice()))
     assert [row["owner"] for row in document["active_lineages"]] == ["alice"]
     assert [row["id"] for row in document["pending_approvals"]] == [seeded.alice_proposal]
     assert [row["node"] for row in document["drains"]] == [NODE]  # the cluster's, for everyone
     assert _leaks(json.dumps(document)) == []
-    text = _cli(config, "status", sudo=ALICE)
+    text = _cli(config, "status", sudo=_alice())
     assert text.exit_code == 0, text.output
     assert "alice-rationale" in text.output
     assert "medic: XID 79" in text.output
@@ -163,12 +174,14 @@ def test_under_sudo_status_lists_only_the_callers_runs_and_approvals(
 
 def test_under_sudo_history_lists_only_the_callers_failures(seeded: Seeded, tmp_path: Path) -> None:
     config = _config(tmp_path, seeded.url)
-    document = _json(_cli(config, "history", "--json", sudo=ALICE))
+    document = _json(_cli(config, "history", "--json", sudo=_alice()))
     assert [row["job"] for row in document["incidents"]] == [1001]
-    assert _json(_cli(config, "history", "--user", "bob", "--json", sudo=ALICE))["incidents"] == []
-    mine = _json(_cli(config, "history", "--user", "alice", "--json", sudo=ALICE))
+    assert (
+        _json(_cli(config, "history", "--user", "bob", "--json", sudo=_alice()))["incidents"] == []
+    )
+    mine = _json(_cli(config, "history", "--user", "alice", "--json", sudo=_alice()))
     assert [row["job"] for row in mine["incidents"]] == [1001]
-    text = _cli(config, "history", sudo=ALICE)
+    text = _cli(config, "history", sudo=_alice())
     assert text.exit_code == 0, text.output
     assert "1001" in text.output
     assert _leaks(text.output) == []
@@ -180,17 +193,17 @@ def test_under_sudo_anothers_run_is_not_in_the_record(
 ) -> None:
     config = _config(tmp_path, seeded.url)
     flags = ["--json"] if as_json else []
-    missing_lineage = _cli(config, "show", "L999999", *flags, sudo=ALICE)
+    missing_lineage = _cli(config, "show", "L999999", *flags, sudo=_alice())
     for reference, absent in (
         (f"L{seeded.bob_lineage}", f"no lineage {seeded.bob_lineage} in the record"),
         ("4242", "job 4242 is not in the record"),  # a job of bob's lineage
         ("4343", "job 4343 is not in the record"),  # bob's job outside any lineage
     ):
-        result = _cli(config, "show", reference, *flags, sudo=ALICE)
+        result = _cli(config, "show", reference, *flags, sudo=_alice())
         assert result.exit_code == missing_lineage.exit_code == 1
         assert result.output == f"Error: {absent}\n"
         assert _leaks(result.output.replace(absent, "")) == []
-    own = _cli(config, "show", f"L{seeded.alice_lineage}", *flags, sudo=ALICE)
+    own = _cli(config, "show", f"L{seeded.alice_lineage}", *flags, sudo=_alice())
     assert own.exit_code == 0, own.output
     assert "alice-reason" in own.output
 
@@ -199,22 +212,22 @@ def test_under_sudo_a_nodes_story_keeps_only_the_callers_incidents(
     seeded: Seeded, tmp_path: Path
 ) -> None:
     config = _config(tmp_path, seeded.url)
-    document = _json(_cli(config, "show", NODE, "--json", sudo=ALICE))
+    document = _json(_cli(config, "show", NODE, "--json", sudo=_alice()))
     incidents = [entry for entry in document["story"] if entry["what"] == "incident"]
     assert [entry["job"] for entry in incidents] == [1001]
     assert any(entry["what"] == "drain" for entry in document["story"])
-    text = _cli(config, "show", NODE, sudo=ALICE)
+    text = _cli(config, "show", NODE, sudo=_alice())
     assert text.exit_code == 0, text.output
     assert _leaks(text.output) == []
 
 
 def test_bob_under_sudo_sees_his_runs_and_not_alices(seeded: Seeded, tmp_path: Path) -> None:
     config = _config(tmp_path, seeded.url)
-    status = _json(_cli(config, "status", "--json", sudo=BOB))
+    status = _json(_cli(config, "status", "--json", sudo=_bob()))
     assert {row["owner"] for row in status["pending_approvals"]} == {"bob"}
-    history = _json(_cli(config, "history", "--json", sudo=BOB))
+    history = _json(_cli(config, "history", "--json", sudo=_bob()))
     assert sorted(row["job"] for row in history["incidents"]) == [4242, 4343]
-    assert _cli(config, "show", f"L{seeded.alice_lineage}", sudo=BOB).exit_code == 1
+    assert _cli(config, "show", f"L{seeded.alice_lineage}", sudo=_bob()).exit_code == 1
 
 
 # ---------------------------------------------------------------- who sees everything
@@ -243,11 +256,11 @@ def test_root_itself_sees_every_run(seeded: Seeded, tmp_path: Path) -> None:
 
 
 def test_an_admin_group_member_under_sudo_sees_every_run(seeded: Seeded, tmp_path: Path) -> None:
-    config = _config(tmp_path, seeded.url, admin_groups=(ALICE_GROUP,))
-    _sees_everything(config, seeded, sudo=ALICE)
+    config = _config(tmp_path, seeded.url, admin_groups=(_alice_group(),))
+    _sees_everything(config, seeded, sudo=_alice())
 
 
 def test_a_site_that_lets_everyone_see_all_lets_the_cli_too(seeded: Seeded, tmp_path: Path) -> None:
     """One rule with the web: `web.everyone_sees_all` in the system config."""
     config = _config(tmp_path, seeded.url, web="[web]\neveryone_sees_all = true\n")
-    _sees_everything(config, seeded, sudo=ALICE)
+    _sees_everything(config, seeded, sudo=_alice())
