@@ -59,7 +59,7 @@ _CHILD_MODULE = "daemon.owner_serve"
 # The largest honest answer is a read_tail's MAX_TAIL_BYTES in base64 (4/3) inside JSON; the
 # child runs as the owner, who could make it print anything, so more than that is refused.
 _MAX_ANSWER_BYTES = 2 * MAX_TAIL_BYTES
-_CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class OwnerFiles:
                 argv,
                 timeout=self.timeout_s,
                 input_text=json.dumps(request),
-                env=_CHILD_ENV,
+                env=CHILD_ENV,
                 cwd="/",
                 max_output_bytes=_MAX_ANSWER_BYTES,
             )

@@ -256,7 +256,7 @@ def _decode(raw: bytes, path: str) -> str:
         raise WalkRefused(RefusalKind.UNUSABLE, f"{path} is not UTF-8: {error}") from error
 
 
-def _limit_self(cpu_seconds: int) -> None:
+def limit_self(cpu_seconds: int) -> None:
     """Before any of the owner's bytes: whatever they hold can only exhaust this child."""
     limits = {
         resource.RLIMIT_AS: CHILD_MEMORY_BYTES,
@@ -271,7 +271,7 @@ def _limit_self(cpu_seconds: int) -> None:
 
 def _child_main(argv: list[str]) -> int:
     """The child's whole life: it already runs as the owner, so its reads are the owner's."""
-    _limit_self(int(argv[1]) if len(argv) > 1 else math.ceil(DEFAULT_TIMEOUT_S) + 5)
+    limit_self(int(argv[1]) if len(argv) > 1 else math.ceil(DEFAULT_TIMEOUT_S) + 5)
     try:
         request = json.loads(sys.stdin.read(_MAX_REQUEST_CHARS))
         if not isinstance(request, dict) or "path" not in request or "op" not in request:

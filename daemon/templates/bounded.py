@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 from pathlib import Path
 from typing import Any
 
-from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused, TemplateTexts
-from daemon.owner_serve import MAX_TEMPLATE_CONFIG_BYTES, MAX_TEMPLATE_FILE_BYTES
+from daemon.owner_files import CHILD_ENV, Owner, OwnerFiles, OwnerReadRefused, TemplateTexts
+from daemon.owner_serve import (
+    CHILD_MEMORY_BYTES,
+    MAX_TEMPLATE_CONFIG_BYTES,
+    MAX_TEMPLATE_FILE_BYTES,
+    limit_self,
+)
 from daemon.process import CommandError, CommandTimeout, as_user_argv, run
 from daemon.templates.model import TemplateError
 from daemon.templates.reading import template_from_texts
@@ -32,8 +36,7 @@ _CHILD_MODULE = "daemon.templates.bounded"
 LOAD_TIMEOUT_S = 10.0
 # Address space, not resident memory: the interpreter and the template's imports take about
 # 300 MB of it before the template is read.
-LOAD_MEMORY_BYTES = 1024**3
-_CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+LOAD_MEMORY_BYTES = CHILD_MEMORY_BYTES
 # The texts come back as JSON: the template's file cap twice (toml, script) and its configs',
 # escaped at worst six bytes a character.
 _MAX_ANSWER_BYTES = 6 * (2 * MAX_TEMPLATE_FILE_BYTES + MAX_TEMPLATE_CONFIG_BYTES) + 4096
@@ -57,7 +60,7 @@ def read_template_bounded(
             argv,
             timeout=timeout_s,
             input_text=json.dumps({"directory": directory}),
-            env=_CHILD_ENV,
+            env=CHILD_ENV,
             cwd="/",
             max_output_bytes=_MAX_ANSWER_BYTES,
         )
@@ -127,13 +130,7 @@ def _load_here(directory: str) -> dict[str, Any]:
 
 def _child_main(argv: list[str]) -> int:
     cpu_seconds = int(argv[1]) if len(argv) > 1 else math.ceil(LOAD_TIMEOUT_S) + 1
-    for which, value in (
-        (resource.RLIMIT_AS, LOAD_MEMORY_BYTES),
-        (resource.RLIMIT_CPU, cpu_seconds),
-        (resource.RLIMIT_FSIZE, 0),
-        (resource.RLIMIT_CORE, 0),
-    ):
-        resource.setrlimit(which, (value, value))
+    limit_self(cpu_seconds)  # the owner reader's limits, before a byte of the template
     try:
         request = json.loads(sys.stdin.read(64 * 1024))
         directory = request["directory"]

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from daemon.owner_files import CHILD_ENV
 from daemon.process import CommandError, as_user_argv, run
 
 MAX_LINKS = 40  # the kernel's own limit on the links of one lookup
 CHILD_TIMEOUT_S = 60.0
 _CHILD_MODULE = "daemon.templates.safe_files"
-_CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _MAX_ANSWER_BYTES = 64 * 1024
 _DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -284,7 +284,7 @@ def _as_user(uid: int, request: dict[str, Any]) -> None:
             argv,
             timeout=CHILD_TIMEOUT_S,
             input_text=json.dumps(request),
-            env=_CHILD_ENV,
+            env=CHILD_ENV,
             cwd="/",
             max_output_bytes=_MAX_ANSWER_BYTES,
         )
