@@ -11,6 +11,7 @@ never submitted once settled. The rows are the state; the audit events the story
 from __future__ import annotations
 
 import logging
+import os
 import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SubmissionError
 from daemon.slurm.records import JobState, QueuedJob, SlurmJob
-from daemon.slurm.sbatch import SubmitRequest, sbatch_argv
+from daemon.slurm.sbatch import SubmitRequest, sbatch_argv, submitter_ids
 from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store.models import AuditEvent, Lineage
@@ -158,11 +159,12 @@ def submit_new_lineage(
 
 
 def _identity(user: str) -> tuple[int | None, int | None]:
+    """The ids the backend's sbatch argv carries for `user` from this process (`submitter_ids`)."""
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         return None, None
-    return entry.pw_uid, entry.pw_gid
+    return submitter_ids(entry, os.geteuid())
 
 
 # ----------------------------------------------------------------------------- reconciling

@@ -20,6 +20,7 @@ from daemon.process import CommandResult, CommandTimeout
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import (
     JobNotFound,
+    NodeNotFound,
     OperationRefused,
     SlurmCommandError,
     SlurmParseError,
@@ -260,6 +261,22 @@ def _node_line(state: str, reason: str | None) -> str:
     line = line.replace("State=IDLE+DRAIN", f"State={state}")
     head = line.split(" Reason=")[0]
     return head + (f" Reason={reason} [ops@2026-11-22T03:00:00]" if reason else "") + "\n"
+
+
+def test_an_unknown_node_is_node_not_found_where_scontrol_says_so_on_stdout() -> None:
+    """Every release prints "Node nosuchnode not found" on stdout and exits 1 (seen on the
+    local cluster's 22.05); stderr is empty."""
+    seam = FakeSeam([lambda argv: _result(argv, code=1, out="Node nosuchnode not found\n")])
+    with pytest.raises(NodeNotFound, match="nosuchnode"):
+        _cli(seam).node("nosuchnode")
+    assert len(seam.calls) == 1
+
+
+def test_another_failure_of_show_node_is_a_command_error_with_its_words() -> None:
+    seam = FakeSeam([lambda argv: _result(argv, code=1, out="slurm_load_node: Zero Bytes\n")])
+    with pytest.raises(SlurmCommandError, match="Zero Bytes") as raised:
+        _cli(seam).node("gpu-03")
+    assert not isinstance(raised.value, NodeNotFound)
 
 
 def test_resume_refuses_a_drain_someone_else_set() -> None:

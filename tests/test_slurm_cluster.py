@@ -15,7 +15,7 @@ import pytest
 from daemon import process
 from daemon.process import CommandResult
 from daemon.slurm.backend import SlurmCli
-from daemon.slurm.errors import JobNotFound, OperationRefused, SlurmUnavailable
+from daemon.slurm.errors import JobNotFound, NodeNotFound, OperationRefused, SlurmUnavailable
 from daemon.slurm.records import JobState, PathSource, SlurmJob
 from tests.devcluster import user_dir
 
@@ -315,6 +315,12 @@ def test_nodes_lists_the_cluster(cli: SlurmCli) -> None:
     names = [node.name for node in cli.nodes()]
     assert {"gpu-01", "gpu-02", "gpu-03", "gpu-04"} <= set(names)
     assert cli.node("gpu-02").address == "10.77.0.12"
+
+
+def test_a_node_slurmctld_does_not_know_is_node_not_found(cli: SlurmCli) -> None:
+    """scontrol's answer comes on stdout with exit 1; the backend reads it there."""
+    with pytest.raises(NodeNotFound, match="nosuchnode"):
+        cli.node("nosuchnode")
 
 
 def test_dead_controller_and_slurmdbd_give_slurm_unavailable_in_bounded_time(

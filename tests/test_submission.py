@@ -4,14 +4,21 @@ or, after a crash, by one reconciliation that looks for the token (both database
 
 from __future__ import annotations
 
+import os
+import pwd
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from daemon.pipeline import DAEMON, handle_ended_job
+from daemon.process import CommandResult
+from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SubmissionError
 from daemon.slurm.records import QueuedJob
+from daemon.slurm.sbatch import submitter_ids
 from daemon.store import action_rows
 from daemon.store import repository as repo
 from daemon.store import service_records as records
@@ -195,3 +202,45 @@ def test_an_inactive_lineages_jobs_are_left_out_unless_asked_for(db_session: Ses
     )
     assert records.lineage_job_ids(db_session) == {}
     assert records.lineage_job_ids(db_session, active_only=False) == {7001: lineage_id}
+
+
+@pytest.mark.root
+def test_the_recorded_sbatch_argv_is_the_one_that_ran(db_session: Session) -> None:
+    """The intent's argv and the runner's argv are one: as root, sbatch behind setpriv and
+    no `--uid`; the owner here is root itself, so no user of the host is needed."""
+    ran: list[tuple[str, ...]] = []
+
+    def runner(argv: Sequence[str], **_: object) -> CommandResult:
+        ran.append(tuple(argv))
+        return CommandResult(tuple(argv), 0, "4242\n", "", 0.01)
+
+    cli = SlurmCli(runner=runner, euid=os.geteuid())
+    started = submit_new_lineage(
+        db_session,
+        cli,
+        Sbatch(SCRIPT, "root", "/root", exclude=("gpu-03",)),
+        name="clm",
+        template_dir="/root/templates/clm",
+        knobs={"micro_batch": 8},
+        actor=ALICE,
+    )
+    assert started.outcome.job_id == 4242
+    action = db_session.get(Action, started.outcome.intent.action_id)
+    assert action is not None
+    assert ran == [tuple(action.argv)]
+    assert not any(arg.startswith(("--uid", "--gid")) for arg in action.argv)
+    assert action.argv[: action.argv.index("--") + 2] == [
+        "setpriv",
+        "--reuid=0",
+        "--regid=0",
+        "--init-groups",
+        "--no-new-privs",
+        "--",
+        "sbatch",
+    ]
+
+
+def test_only_root_names_the_owner_in_the_argv() -> None:
+    owner = pwd.getpwuid(0)
+    assert submitter_ids(owner, 0) == (0, 0)
+    assert submitter_ids(owner, 1001) == (None, None)

@@ -58,6 +58,7 @@ from daemon.slurm.sbatch import (
     sbatch_argv,
     scancel_argv,
     submission_environment,
+    submitter_ids,
 )
 from daemon.slurm.scontrol import (
     drain_argv,
@@ -395,16 +396,14 @@ class SlurmCli:
 
     def _identity_for(self, entry: pwd.struct_passwd) -> tuple[int | None, int | None]:
         """As root: the owner's uid/gid for sbatch. Otherwise only the caller may be named."""
-        if self._euid == 0:
-            return entry.pw_uid, entry.pw_gid
-        if entry.pw_uid != self._euid:
+        if self._euid not in (0, entry.pw_uid):
             raise SubmissionError(
                 f"cannot submit as {entry.pw_name!r} without root",
                 argv=["sbatch"],
                 returncode=None,
                 stderr="",
             )
-        return None, None
+        return submitter_ids(entry, self._euid)
 
     def cancel(self, job_id: int | str, signal: str | None = None) -> None:
         """Cancel the job, or with `signal` only send it (scancel's own meaning)."""
@@ -416,7 +415,7 @@ class SlurmCli:
         try:
             result = self._call(show_node_argv(name))
         except SlurmCommandError as error:
-            if _UNKNOWN_NODE.search(error.stderr):
+            if _UNKNOWN_NODE.search(error.stderr) or _UNKNOWN_NODE.search(error.stdout):
                 raise NodeNotFound(f"slurmctld does not know node {name!r}") from error
             raise
         found = parse_show_nodes(result.stdout, local_tz=self._local_tz).nodes
@@ -495,6 +494,7 @@ class SlurmCli:
                         argv=argv,
                         returncode=result.returncode,
                         stderr=result.stderr,
+                        stdout=result.stdout,
                     )
                 last_error = result.stderr.strip().splitlines()[-1]
             if attempt < self._attempts:

@@ -35,16 +35,28 @@ class SlurmParseError(SlurmError):
 
 
 class SlurmCommandError(SlurmError):
-    """A Slurm command exited non-zero; carries its argv, exit code and stderr."""
+    """A Slurm command exited non-zero; carries its argv, exit code, stderr and stdout.
+
+    stdout too, because some answers come there with a failing exit: scontrol prints
+    "Node nosuchnode not found" on stdout and exits 1, on every release.
+    """
 
     def __init__(
-        self, message: str, *, argv: Sequence[str], returncode: int | None, stderr: str
+        self,
+        message: str,
+        *,
+        argv: Sequence[str],
+        returncode: int | None,
+        stderr: str,
+        stdout: str = "",
     ) -> None:
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr = stderr
+        self.stdout = stdout
         code = "no exit code" if returncode is None else f"exit {returncode}"
-        last_line = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        said = stderr.strip() or stdout.strip()
+        last_line = said.splitlines()[-1] if said else ""
         super().__init__(
             f"{message} ({code}): {' '.join(self.argv)}" + (f": {last_line}" if last_line else "")
         )

@@ -44,6 +44,15 @@ class SubmitRequest:
     extra_args: tuple[str, ...] = ()
 
 
+def submitter_ids(owner: pwd.struct_passwd, euid: int) -> tuple[int | None, int | None]:
+    """The `SubmitRequest` ids for a submission of `owner`'s job by a process of `euid`: root
+    runs sbatch as the owner's own process, anyone else only as themself (no ids). One rule for
+    the argv that runs and the argv the record keeps, so the record names what ran."""
+    if euid == 0:
+        return owner.pw_uid, owner.pw_gid
+    return None, None
+
+
 def sbatch_argv(request: SubmitRequest) -> list[str]:
     """sbatch reading the script from stdin, as the owner's process when `uid` is set; every
     value its own argv element."""
