@@ -1,6 +1,6 @@
 """The daemon's end of the EpilogSlurmctld hook: a unix datagram socket that wakes the poll.
 
-slurmctld runs `deploy/epilog/slurm-medic-epilog` when a job ends; the hook sends the job's id,
+slurmctld runs the hook (`daemon/installable/epilog.py`) when a job ends; it sends the job's id,
 and this listener tells the service at once instead of at the next poll. It only ever wakes
 the poll: the accounting query stays the source of truth, so a lost, forged or repeated
 datagram changes nothing but timing. Even so, a datagram is accepted only when it is a job id

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from daemon import installable
 from daemon.cli import main
 from daemon.config import (
     DEFAULT_CONFIG_PATH,
@@ -116,7 +117,7 @@ def test_watch_states_parse_as_job_states(tmp_path: Path) -> None:
 
 
 def test_the_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    example = Path(__file__).resolve().parent.parent / "deploy" / "config.example.toml"
+    example = Path(installable.__file__).with_name("config.example.toml")
     settings = load_settings(example)
     assert settings.policy.max_drains_per_hour == 2
 

@@ -20,7 +20,7 @@ from daemon.evidence.records import NodeProbe, ProbeVerdict, XidPolicy
 from daemon.evidence.xid import XidCatalog, XidOverride, load_catalog
 
 REPO = Path(__file__).parent.parent
-PROBE = REPO / "deploy" / "node-probe" / "medic-node-probe"
+PROBE = REPO / "daemon" / "installable" / "node_probe.py"
 STATES = REPO / "deploy" / "devcluster" / "node-states"
 NOW = datetime(2026, 11, 22, 3, 30, tzinfo=UTC)
 WINDOW = TimeWindow(NOW - timedelta(minutes=20), NOW)

@@ -32,7 +32,7 @@ from daemon.fleet.findings import judge_node
 REPO = Path(__file__).parent.parent
 SMI = REPO / "tests" / "data" / "nvidia-smi"
 DMESG = REPO / "tests" / "data" / "dmesg"
-PROBE = REPO / "deploy" / "node-probe" / "medic-node-probe"
+PROBE = REPO / "daemon" / "installable" / "node_probe.py"
 STATES = REPO / "deploy" / "devcluster" / "node-states"
 CATALOG = load_catalog()
 NOW = datetime(2026, 11, 22, 3, 30, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """The node probe's JSON document -> a typed `NodeProbe` with a verdict and its reasons.
 
-Pure. The probe program on the node (`deploy/node-probe/medic-node-probe`) only runs the
+Pure. The probe program on the node (`daemon/installable/node_probe.py`) only runs the
 tools and prints their raw output; every reading and every judgement happens here, so
 it is tested on literal outputs and changes without touching the nodes.
 

@@ -111,7 +111,7 @@ def _healthy_document() -> str:
         "MEDIC_FIXTURE_DIR": str(REPO / "deploy/devcluster/node-states/healthy"),
         "PATH": f"{REPO / 'deploy/devcluster/fixture-bin'}:{os.environ['PATH']}",
     }
-    probe = REPO / "deploy/node-probe/medic-node-probe"
+    probe = REPO / "daemon/installable/node_probe.py"
     return subprocess.run(
         [str(probe)], capture_output=True, text=True, check=True, env=env, timeout=60
     ).stdout

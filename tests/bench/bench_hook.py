@@ -17,7 +17,7 @@ from pathlib import Path
 from daemon.hook import HookListener
 from daemon.process import run
 
-EPILOG = Path(__file__).parents[2] / "deploy" / "epilog" / "slurm-medic-epilog"
+EPILOG = Path(__file__).parents[2] / "daemon" / "installable" / "epilog.py"
 RUNS = 30
 
 

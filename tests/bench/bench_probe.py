@@ -71,7 +71,7 @@ def keygen(path: Path) -> str:
 def sshds(directory: Path, count: int) -> Iterator[tuple[Path, Path]]:
     """`count` sshd listeners; yields (client key, known_hosts)."""
     client_public = keygen(directory / "client")
-    probe = REPO / "deploy" / "node-probe" / "medic-node-probe"
+    probe = REPO / "daemon" / "installable" / "node_probe.py"
     (directory / "authorized_keys").write_text(
         f'command="{probe}",no-pty,no-port-forwarding,no-agent-forwarding,'
         f"no-X11-forwarding {client_public}\n"

@@ -6,7 +6,7 @@ cycle costs with 1,000 ended jobs in its accounting window.
    end time of the dead job to Slurm's submit time of its relaunch (whole seconds, as sacct
    keeps them).
 2. The same with the epilog hook: the daemon polls only every HOOK_POLL_S, and the real
-   `deploy/epilog/slurm-medic-epilog` is run the moment `squeue` shows the job ended, as
+   hook (`daemon/installable/epilog.py`) is run the moment `squeue` shows the job ended, as
    EpilogSlurmctld would run it (the dev cluster's slurm.conf sets no EpilogSlurmctld, so
    the bench plays slurmctld's part; it polls every 50 ms, which the figure includes).
 3. A 1,000-task array job that ends at once, then `Daemon.cycle()` three times over a window
@@ -47,7 +47,7 @@ RUNS = 3
 POLL_S = 5.0
 ARRAY_TASKS = 1000
 HOOK_POLL_S = 60.0
-EPILOG = ROOT / "deploy" / "epilog" / "slurm-medic-epilog"
+EPILOG = ROOT / "daemon" / "installable" / "epilog.py"
 ENDED = {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 

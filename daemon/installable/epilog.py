@@ -8,10 +8,14 @@ job. The daemon's poll stays the source of truth; this only makes it look sooner
 lets only root and the SlurmUser write to its socket and drops datagrams from anyone else.
 
 Standard library only; the socket path may be overridden with SLURM_MEDIC_HOOK_SOCKET.
+`slurm-medic install epilog` writes this very file (run by the system's python3, isolated:
+nothing of the environment or of site-packages); the `slurm-medic-epilog` console script runs
+its `main`, which exits 0 just the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -26,23 +30,23 @@ def _give_up(_signum: int, _frame: object) -> None:
     os._exit(0)
 
 
-def main() -> int:
+def _notify() -> None:
     signal.signal(signal.SIGALRM, _give_up)
     signal.setitimer(signal.ITIMER_REAL, DEADLINE_S)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not re.fullmatch(r"[0-9]{1,19}", job_id, flags=re.ASCII):
-        return 0
+        return
     path = os.environ.get("SLURM_MEDIC_HOOK_SOCKET") or DEFAULT_SOCKET
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(job_id.encode("ascii"), socket.MSG_DONTWAIT, path)
-    except OSError:
-        pass
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(job_id.encode("ascii"), socket.MSG_DONTWAIT, path)
+
+
+def main() -> int:
+    """Send the job id if there is one; 0 whatever happened, so a job never fails here."""
+    with contextlib.suppress(BaseException):
+        _notify()
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        sys.exit(0)
+    sys.exit(main())

@@ -6,9 +6,13 @@ holding each tool's raw stdout, stderr and exit code. It interprets nothing: par
 judgement happen in the daemon, where they are tested. It honours no arguments and no
 SSH_ORIGINAL_COMMAND: whatever the client asks for, this is all it ever runs.
 
-Standard library only, Python 3.6+, so it runs on any node as it is.
+Standard library only, Python 3.6+, so it runs on any node as it is: `slurm-medic install
+node-probe` writes this very file, and the `medic-node-probe` console script runs its `main`.
+Hence no `from __future__ import annotations` (3.7) and typing's generics, not the builtins'
+(3.9): the annotations are evaluated on 3.6.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +23,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
+from typing import Any, Dict, List, Tuple
 
 FORMAT = "medic-node-probe/1"
 TOOL_TIMEOUT_S = 15.0
@@ -30,7 +35,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # PermitUserEnvironment no); they point the fixture tools at the node's state.
 PASSED_ENV = ("MEDIC_NODE", "MEDIC_FIXTURE_DIR")
 
-TOOLS = (
+TOOLS: Tuple[Tuple[str, List[str], str], ...] = (
     ("kernel_log", ["dmesg", "--time-format", "iso"], "tail"),
     ("gpu_health", ["nvidia-smi", "-q", "-d", "ROW_REMAPPER,ECC,PAGE_RETIREMENT"], "head"),
     (
@@ -55,29 +60,35 @@ TOOLS = (
 JOURNAL_FALLBACK = ["journalctl", "-k", "-o", "short-iso", "--no-pager", "-n", "20000"]
 
 
-def cap(data, limit, keep):
+def cap(data: bytes, limit: int, keep: str) -> Tuple[bytes, bool]:
     if len(data) <= limit:
         return data, False
     return (data[-limit:] if keep == "tail" else data[:limit]), True
 
 
-def tool_env(path):
+def tool_env(path: str) -> Dict[str, str]:
     env = {"PATH": path, "LC_ALL": "C", "LANG": "C"}
     env.update({name: os.environ[name] for name in PASSED_ENV if name in os.environ})
     return env
 
 
-def run_tool(argv, keep, path):
+def run_tool(argv: List[str], keep: str, path: str) -> Dict[str, Any]:
     """Run argv (no shell) in its own session; kill the whole group when it overruns."""
     executable = shutil.which(argv[0], path=path)
-    result = {"argv": argv, "exit_code": None, "stdout": "", "stderr": "", "timed_out": False}
+    result: Dict[str, Any] = {
+        "argv": argv,
+        "exit_code": None,
+        "stdout": "",
+        "stderr": "",
+        "timed_out": False,
+    }
     if executable is None:
-        result["error"] = "{} not found on PATH".format(argv[0])
+        result["error"] = f"{argv[0]} not found on PATH"
         return result
     started = time.monotonic()
     try:
         process = subprocess.Popen(
-            [executable] + argv[1:],
+            [executable, *argv[1:]],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -85,15 +96,13 @@ def run_tool(argv, keep, path):
             env=tool_env(path),
         )
     except OSError as error:
-        result["error"] = "cannot start {}: {}".format(argv[0], error.strerror)
+        result["error"] = f"cannot start {argv[0]}: {error.strerror}"
         return result
     try:
         out, err = process.communicate(timeout=TOOL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         try:
             out, err = process.communicate(timeout=2)
         except subprocess.TimeoutExpired:
@@ -111,13 +120,13 @@ def run_tool(argv, keep, path):
     return result
 
 
-def main():
+def main() -> int:
     # The node's own PATH comes from sshd (SetEnv in the dev cluster); anything else falls
     # back to the system directories. No other environment reaches the tools.
     path = os.environ.get("PATH") or SAFE_PATH
-    results = {}
+    results: Dict[str, Dict[str, Any]] = {}
 
-    def work(name, argv, keep):
+    def work(name: str, argv: List[str], keep: str) -> None:
         outcome = run_tool(argv, keep, path)
         if name == "kernel_log" and (outcome.get("error") or outcome["exit_code"] != 0):
             fallback = run_tool(JOURNAL_FALLBACK, keep, path)
