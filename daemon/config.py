@@ -18,7 +18,6 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -46,6 +45,7 @@ from daemon.evidence.records import FindingKind
 from daemon.metrics.settings import MetricsSettings
 from daemon.notify.settings import NotifySettings
 from daemon.owner_serve import MAX_SCAN_BYTES
+from daemon.privilege import confinement
 from daemon.slurm.records import JobState
 from daemon.store.settings import StoreSettings
 from daemon.web.settings import WebSettings
@@ -54,10 +54,6 @@ DEFAULT_CONFIG_PATH = Path("/etc/slurm-medic/config.toml")
 CONFIG_ENV = "SLURM_MEDIC_CONFIG"
 ENV_PREFIX = "SLURM_MEDIC_"
 MAX_STEP_PATTERN_CHARS = 1024  # one format's pattern; the owner's child runs it under its CPU limit
-# sudo's record of who ran it; believed only in a process whose real uid is root, which no
-# one but root (or sudo acting for someone) can start.
-SUDO_UID_ENV = "SUDO_UID"
-_UID = re.compile(r"[0-9]{1,10}\Z")
 
 # Checked with Python's engine (see `_Section`): `\Z` is the very end, so a trailing newline
 # is refused whatever the engine's idea of `$`.
@@ -319,50 +315,6 @@ def config_path(flag: str | os.PathLike[str] | None, environ: Mapping[str, str])
     if environ.get(CONFIG_ENV):
         return Path(environ[CONFIG_ENV])
     return DEFAULT_CONFIG_PATH
-
-
-@dataclass(frozen=True)
-class ProcessIds:
-    """The process's real and effective ids, as the kernel reports them."""
-
-    uid: int
-    euid: int
-    gid: int
-    egid: int
-
-    @classmethod
-    def current(cls) -> ProcessIds:
-        return cls(uid=os.getuid(), euid=os.geteuid(), gid=os.getgid(), egid=os.getegid())
-
-
-def sudo_caller(environ: Mapping[str, str], real_uid: int) -> int | None:
-    """The uid that ran sudo when this root process runs for them; None for anyone else.
-
-    Believed only when the real uid is root: a user may set SUDO_UID in their own
-    environment, but only sudo starts a root process for them. A SUDO_UID that is not
-    ASCII digits was not written by sudo, so it is ignored.
-    """
-    raw = environ.get(SUDO_UID_ENV, "")
-    if real_uid != 0 or not _UID.match(raw) or int(raw) == 0:
-        return None
-    return int(raw)
-
-
-def confinement(environ: Mapping[str, str], ids: ProcessIds | None = None) -> str | None:
-    """Why this process must take policy and record from the system config alone.
-
-    None when it runs as itself: really root, or a user with only their own rights.
-    """
-    ids = ProcessIds.current() if ids is None else ids
-    if ids.uid != ids.euid or ids.gid != ids.egid:
-        return (
-            f"slurm-medic runs set-user/group-id (real uid {ids.uid}, effective uid {ids.euid},"
-            f" real gid {ids.gid}, effective gid {ids.egid})"
-        )
-    caller = sudo_caller(environ, ids.uid)
-    if caller is not None:
-        return f"slurm-medic runs as root under sudo for uid {caller}"
-    return None
 
 
 def medic_variables(environ: Mapping[str, str]) -> list[str]:

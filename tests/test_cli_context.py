@@ -21,7 +21,7 @@ from daemon.commands.context import (
     Refused,
     say,
 )
-from daemon.config import ProcessIds
+from daemon.privilege import ProcessIds
 from daemon.store import repository as repo
 from daemon.store.engine import ReadOnlySessionError, make_engine
 from daemon.store.schema import upgrade
@@ -55,7 +55,7 @@ def test_a_set_id_process_is_refused_the_callers_config_in_the_commands_voice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     set_uid = ProcessIds(uid=1001, euid=0, gid=1001, egid=1001)
-    monkeypatch.setattr("daemon.config.ProcessIds.current", lambda: set_uid)
+    monkeypatch.setattr("daemon.privilege.ProcessIds.current", lambda: set_uid)
     config = _config(tmp_path, sqlite_url(tmp_path / "medic.db"))
     with pytest.raises(Refused) as refused:
         CommandContext.load(str(config), prefix="slurm-medic run")

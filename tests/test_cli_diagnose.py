@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.cli import main
-from daemon.config import ProcessIds
 from daemon.evidence.findings import merge_findings
 from daemon.evidence.records import GpuFault, LogFindings, RootCause
+from daemon.privilege import ProcessIds
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
@@ -335,7 +335,7 @@ def test_a_config_that_cannot_be_used_or_chosen_is_a_usage_error_in_diagnoses_vo
     assert "--config is read only with JOBID" in with_log.output
     monkeypatch.setenv("SUDO_UID", "1001")
     monkeypatch.setattr(
-        "daemon.config.ProcessIds.current",
+        "daemon.privilege.ProcessIds.current",
         lambda: ProcessIds(uid=0, euid=0, gid=0, egid=0),
     )
     good = tmp_path / "good.toml"

@@ -20,16 +20,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 
 from daemon.cli import main
-from daemon.config import (
-    DEFAULT_CONFIG_PATH,
-    PrivilegeError,
-    ProcessIds,
-    confinement,
-    load_settings,
-    sudo_caller,
-)
+from daemon.config import DEFAULT_CONFIG_PATH, PrivilegeError, load_settings
 from daemon.diagnosis import Confidence, Diagnosis, FailureKind
 from daemon.evidence.records import Evidence
+from daemon.privilege import ProcessIds, confinement, sudo_caller
 from daemon.slurm.records import SlurmJob
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
@@ -40,9 +34,12 @@ from tests.e2e import MEDIC, with_system_config
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 
 def _alice() -> pwd.struct_passwd:
-    """alice's account, looked up when a test runs (the suite's `job_users` makes it)."""
+    """alice's account, looked up when a test runs (the `users` mark makes it)."""
     return pwd.getpwnam("alice")
 
 

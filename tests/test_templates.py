@@ -27,7 +27,8 @@ from daemon.templates.revisions import (
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "launch_templates"
-EXAMPLE_DIRS = sorted(path for path in EXAMPLES.iterdir() if path.is_dir())
+# Each directory holding a template.toml (examples/ holds the README's script and log, no template).
+EXAMPLE_DIRS = sorted(path.parent for path in EXAMPLES.glob("*/template.toml"))
 
 
 def bash_syntax_ok(script: str) -> process.CommandResult:

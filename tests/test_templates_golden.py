@@ -42,7 +42,7 @@ KIND_FOR = {
     "exclude_node": FailureKind.COTENANT,
     "drain_and_exclude": FailureKind.HARDWARE,
 }
-EXAMPLE_NAMES = sorted(path.name for path in EXAMPLES.iterdir() if path.is_dir())
+EXAMPLE_NAMES = sorted(path.parent.name for path in EXAMPLES.glob("*/template.toml"))
 
 
 def diagnosis_for(remediator: str) -> Diagnosis:

@@ -29,7 +29,9 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
+from daemon.commands.paths import typed_path
 from daemon.commands.terminal import printable, printable_document, printable_json
+from daemon.privilege import confinement
 from daemon.slurm.backend import SlurmCli
 
 if TYPE_CHECKING:
@@ -67,7 +69,8 @@ class CommandFailed(click.ClickException):
 
 
 class Refused(CommandFailed):
-    """A setting this caller may not choose (exit 2, like a usage error): the message says why."""
+    """A setting (or a command) this caller may not choose here (exit 2, like a usage error):
+    the message says why."""
 
 
 class RecordUnusable(CommandFailed):
@@ -77,6 +80,20 @@ class RecordUnusable(CommandFailed):
 
 class MissingRecord(RecordUnusable):
     """The SQLite file is not there (and this command may not create it)."""
+
+
+def require_own_rights(what: str, *, prefix: str = CLICK_PREFIX) -> None:
+    """Refuse `what` in a process that runs as root for someone else (sudo, set-id): it works
+    on the person's own files only, which needs nothing of root, and root looking at the paths
+    they typed would tell them what only root may see (exit 2, as a refused setting)."""
+    reason = confinement(os.environ)
+    if reason is not None:
+        raise Refused(
+            f"{reason}: {what} works on your own files with your own rights, not root's;"
+            " run it without sudo",
+            exit_code=EXIT_REFUSED,
+            prefix=prefix,
+        )
 
 
 @dataclass(frozen=True)
@@ -219,6 +236,7 @@ class CommandContext:
 config_option = click.option(
     "--config",
     "config_path",
+    callback=typed_path,
     metavar="FILE",
     default=None,
     help="Config file (default: $SLURM_MEDIC_CONFIG, else /etc/slurm-medic/config.toml).",

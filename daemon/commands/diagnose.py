@@ -2,12 +2,14 @@
 
 With JOBID the Slurm calls take the settings' `slurm_timeout_s`: `--config`'s, else the system
 config's (if there is one), else the default; under sudo only the system config counts
-(`context.CommandContext`). A log is read without settings.
+(`context.CommandContext`). A log is read without settings, as typed from the current
+directory (`paths`), with the caller's own rights: under sudo `--log` is refused, since root
+would read it for them.
 
 Exit codes:
   0  a verdict was printed (whatever its kind, `unknown` included)
   2  usage error (no log and no job id, both, a bad step pattern, --config without JOBID, a
-     config that cannot be used or may not be chosen here)
+     config that cannot be used or may not be chosen here, --log under sudo)
   3  a log could not be read (missing, a FIFO, a symlink without --follow-symlinks, no rights)
   4  the Slurm layer could not answer for the job id
 """
@@ -27,7 +29,9 @@ from daemon.commands.context import (
     Output,
     config_option,
     json_option,
+    require_own_rights,
 )
+from daemon.commands.paths import typed_path
 from daemon.diagnosis import Diagnosis, FailureKind, History
 from daemon.evidence.findings import confine_to_allocation, merge_findings
 from daemon.evidence.joblog import LogReadError, scan_log
@@ -73,7 +77,8 @@ _NEXT_MOVES = {
     "--log",
     "logs",
     multiple=True,
-    type=click.Path(dir_okay=True, path_type=str),
+    callback=typed_path,
+    metavar="FILE",
     help="A job log to read (repeat for several; e.g. one per rank).",
 )
 @json_option
@@ -109,6 +114,8 @@ def diagnose_command(
                 raise click.UsageError("--step-pattern needs a group capturing the step")
         except re.error as error:
             raise click.UsageError(f"--step-pattern is not a regex: {error}") from error
+    if logs:
+        require_own_rights("slurm-medic diagnose --log", prefix=PREFIX)
     job: SlurmJob | None = None
     if job_id:
         context = CommandContext.load(config_path, prefix=PREFIX, config_exit=EXIT_USAGE)

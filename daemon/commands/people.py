@@ -28,7 +28,8 @@ import click
 from sqlalchemy.orm import Session
 
 from daemon.commands.context import CommandContext, record_options, say
-from daemon.config import Settings, sudo_caller
+from daemon.config import Settings
+from daemon.privilege import sudo_caller
 from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store.models import Incident, Proposal

@@ -19,6 +19,7 @@ import click
 from pydantic import ValidationError
 
 from daemon.commands.context import Output, json_option, say
+from daemon.commands.paths import typed_path
 from daemon.evidence.prober import NodeProber, ProbeSettings
 from daemon.evidence.records import ProbeVerdict
 
@@ -35,7 +36,8 @@ EXIT_CODES = {
 @click.option(
     "--key",
     "key_path",
-    type=click.Path(path_type=Path),
+    callback=typed_path,
+    metavar="FILE",
     envvar="MEDIC_PROBE_KEY",
     required=True,
     help="The service's private key (env MEDIC_PROBE_KEY).",
@@ -43,7 +45,8 @@ EXIT_CODES = {
 @click.option(
     "--known-hosts",
     "known_hosts_path",
-    type=click.Path(path_type=Path),
+    callback=typed_path,
+    metavar="FILE",
     envvar="MEDIC_PROBE_KNOWN_HOSTS",
     required=True,
     help="The operator's known_hosts for the nodes (env MEDIC_PROBE_KNOWN_HOSTS).",
@@ -68,8 +71,8 @@ EXIT_CODES = {
 def probe_command(
     *,
     node: str,
-    key_path: Path,
-    known_hosts_path: Path,
+    key_path: str,
+    known_hosts_path: str,
     user: str,
     port: int,
     since_minutes: float | None,
@@ -79,8 +82,8 @@ def probe_command(
     """Probe NODE (dmesg XIDs, row remaps, ECC, other processes on the GPUs) and judge it."""
     try:
         settings = ProbeSettings(
-            key_path=key_path,
-            known_hosts_path=known_hosts_path,
+            key_path=Path(key_path),
+            known_hosts_path=Path(known_hosts_path),
             user=user,
             port=port,
             command_timeout_s=command_timeout,

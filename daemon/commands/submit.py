@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import click
 
 from daemon.commands.context import CommandContext, config_option, json_option, say
+from daemon.commands.paths import typed_path
 from daemon.commands.terminal import printable
-from daemon.config import sudo_caller
+from daemon.privilege import sudo_caller
 
 if TYPE_CHECKING:
     from daemon.owner_files import Owner
@@ -31,19 +32,20 @@ EXIT_SUBMIT = 5
 @click.command("submit")
 # Neither path is looked at here: under sudo this process is root, and whether a path exists
 # or where its links lead is for the owner's rights to answer (their reader, their `test -d`).
-@click.argument("template_dir", type=click.Path(path_type=Path))
+@click.argument("template_dir", callback=typed_path)
 @click.option("--as-user", help="Submit as this user (root only; default: yourself).")
 @click.option(
     "--work-dir",
-    type=click.Path(path_type=Path),
+    callback=typed_path,
+    metavar="DIR",
     help="The job's working directory (default: the current directory).",
 )
 @config_option
 @json_option
 def submit_command(
-    template_dir: Path,
+    template_dir: str,
     as_user: str | None,
-    work_dir: Path | None,
+    work_dir: str | None,
     config_path: str | None,
     as_json: bool,
 ) -> None:
@@ -68,7 +70,7 @@ def submit_command(
     really_root = caller is None and os.getuid() == 0 and os.geteuid() == 0
     if owner != me and not really_root:
         raise click.UsageError("only root may submit as another user")
-    directory = Path(os.path.abspath(template_dir))
+    directory = Path(template_dir)
     try:
         # Read and loaded as the owner, as the daemon will at every relaunch: a directory the
         # owner cannot read, one that links outside itself, one another user may write, or one
@@ -80,7 +82,7 @@ def submit_command(
             lambda path: read_template_bounded(owner_ids, path, drop_privileges=drop),
         )
         first = initial_revision(template)
-        job_dir = os.path.abspath(work_dir or Path.cwd())
+        job_dir = work_dir or os.getcwd()
         _owner_directory(job_dir, owner_ids, drop=drop)
     except (TemplateError, OwnerReadRefused) as error:
         raise click.ClickException(str(error)) from error

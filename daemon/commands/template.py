@@ -3,7 +3,9 @@
 A template lives in a directory (`template.toml` + the Jinja2 script, or, when imported, the
 user's own script verbatim); its revisions are JSON files under `revisions/` in that directory
 (see daemon.templates.revisions.RevisionDir). The directory is read as the caller, through
-the same walk and caps as the daemon's reads as an owner.
+the same walk and caps as the daemon's reads as an owner; every path is taken as typed, from
+the current directory (`paths`). Under sudo the commands are refused: they need nothing of
+root, and root's reads and writes for a person would be root's, not the person's.
 
 A template directory is often a user's, and the commands may run as root: every file they
 write goes through `safe_files` (an exclusive fresh name renamed into place, never through a
@@ -17,7 +19,7 @@ terminal, failures included, goes through `terminal.printable` (`context.Output`
 from __future__ import annotations
 
 import json
-import posixpath
+import os
 import re
 import tomllib
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from typing import Any
 
 import click
 
-from daemon.commands.context import CommandFailed, Output, echo_lines
+from daemon.commands.context import CommandFailed, Output, echo_lines, require_own_rights
 from daemon.commands.import_gather import (
     Gathered,
     ScriptUnreadable,
@@ -42,6 +44,7 @@ from daemon.commands.import_json import (
     report_document,
 )
 from daemon.commands.import_report import config_lines, report_lines
+from daemon.commands.paths import absolute, typed_path
 from daemon.commands.terminal import printable
 from daemon.dialects import DIALECTS
 from daemon.dialects.base import BatchGeometry, KnobError
@@ -76,7 +79,6 @@ from daemon.templates.revisions import (
 from daemon.templates.safe_files import WriteRefused, make_dirs, write_file, writer_of
 
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_TEMPLATE_DIR = click.Path(exists=True, file_okay=False, resolve_path=True, path_type=Path)
 EXIT_INVALID = 1  # the template, a revision or a change cannot be used as given
 EXIT_UNREADABLE = 3  # as `diagnose`: the input could not be read
 
@@ -84,6 +86,7 @@ EXIT_UNREADABLE = 3  # as `diagnose`: the input could not be read
 @click.group("template")
 def template_group() -> None:
     """Launch templates: analyse, import, show, render, set, diff."""
+    require_own_rights("slurm-medic template")
 
 
 _MAPPING_OPTION = click.option(
@@ -101,11 +104,13 @@ _MAPPING_OPTION = click.option(
 @_MAPPING_OPTION
 @click.option(
     "--checkpoint-dir",
+    callback=typed_path,
     metavar="DIR",
-    help="the absolute directory the run writes its checkpoints to, when the script does not say",
+    help="the directory the run writes its checkpoints to, when the script does not say",
 )
 @click.option(
     "--submit-dir",
+    callback=typed_path,
     metavar="DIR",
     help="the directory the job is submitted from, which relative paths in the script are read"
     " from [default: the script's directory]",
@@ -129,22 +134,20 @@ def analyse_command(
     Exit codes: 0 analysed (whatever the verdict), 2 usage, 3 the script could not be read.
     """
     knob_names = _knob_names(mappings)
-    _check_checkpoint_dir(checkpoint_dir)
     _, gathered = _gathered(script, submit_dir, knob_names, "analyse")
     _print_report(report_document(gathered, checkpoint_dir), as_json)
-
-
-def _check_checkpoint_dir(checkpoint_dir: str | None) -> None:
-    if checkpoint_dir is not None and not posixpath.isabs(checkpoint_dir):
-        raise click.BadParameter("an absolute path", param_hint="--checkpoint-dir")
 
 
 def _gathered(
     script: str, submit_dir: str | None, knob_names: dict[str, Knob], command: str
 ) -> tuple[str, Gathered]:
-    """The script's text, read as the caller, and its analysis with the files it names."""
-    location = posixpath.abspath(script)
-    directory = posixpath.abspath(submit_dir) if submit_dir else posixpath.dirname(location)
+    """The script's text, read as the caller, and its analysis with the files it names; the
+    script is named as typed, and read from the current directory."""
+    try:
+        location = absolute(script)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="SCRIPT") from error
+    directory = submit_dir or os.path.dirname(location)
     read = caller_reader()
     try:
         text = read_script(read, location)
@@ -194,19 +197,22 @@ def _invalid(message: str) -> CommandFailed:
 @click.option("--name", required=True, help="template name (also its directory name)")
 @click.option(
     "--into",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("templates"),
+    callback=typed_path,
+    metavar="DIR",
+    default="templates",
     show_default=True,
     help="directory that will hold the new template's directory (INTO/NAME)",
 )
 @_MAPPING_OPTION
 @click.option(
     "--checkpoint-dir",
+    callback=typed_path,
     metavar="DIR",
-    help="the absolute directory the run writes its checkpoints to, when the script does not say",
+    help="the directory the run writes its checkpoints to, when the script does not say",
 )
 @click.option(
     "--submit-dir",
+    callback=typed_path,
     metavar="DIR",
     help="the directory the job is submitted from [default: the script's directory]",
 )
@@ -216,7 +222,7 @@ def import_command(
     *,
     dialect_name: str,
     name: str,
-    into: Path,
+    into: str,
     mappings: tuple[str, ...],
     checkpoint_dir: str | None,
     submit_dir: str | None,
@@ -239,8 +245,7 @@ def import_command(
     if not _TEMPLATE_NAME.match(name):
         raise click.BadParameter("letters, digits, '_', '.', '-' only", param_hint="--name")
     knob_names = _knob_names(mappings)
-    _check_checkpoint_dir(checkpoint_dir)
-    target = into / name
+    target = Path(into) / name
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise _invalid(f"{target} already exists and is not empty: not overwritten")
     text, gathered = _gathered(script, submit_dir, knob_names, "import")
@@ -280,12 +285,12 @@ def import_command(
 
 
 @template_group.command("show")
-@click.argument("directory", type=_TEMPLATE_DIR)
+@click.argument("directory", callback=typed_path)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def show_command(directory: Path, as_json: bool) -> None:
+def show_command(directory: str, as_json: bool) -> None:
     """Knobs, batch geometry, checkpoint layout and revisions of a template."""
     try:
-        template = load_template(directory)
+        template = load_template(Path(directory))
         revisions = RevisionDir(template).all()
         known = invariant_known(template.dialect, template.not_managed)
         geometry = template.dialect.geometry(template.knobs) if known else None
@@ -363,9 +368,9 @@ def _show_lines(
 
 
 @template_group.command("render")
-@click.argument("directory", type=_TEMPLATE_DIR)
+@click.argument("directory", callback=typed_path)
 @click.option("--rev", "revision_id", help="a revision id (prefix); default: the template's knobs")
-def render_command(directory: Path, revision_id: str | None) -> None:
+def render_command(directory: str, revision_id: str | None) -> None:
     """Print the sbatch script of the template, or of one of its revisions, byte for byte.
 
     This is the script itself, to redirect to a file or pipe to sbatch: its characters are
@@ -373,7 +378,7 @@ def render_command(directory: Path, revision_id: str | None) -> None:
     and `diff`, which escape them.
     """
     try:
-        template = load_template(directory)
+        template = load_template(Path(directory))
         if revision_id is None:
             script = render(template)
         else:
@@ -385,13 +390,13 @@ def render_command(directory: Path, revision_id: str | None) -> None:
 
 
 @template_group.command("set")
-@click.argument("directory", type=_TEMPLATE_DIR)
+@click.argument("directory", callback=typed_path)
 @click.argument("assignments", nargs=-1, required=True)
 @click.option("--reason", required=True, help="why, for the revision's record")
-def set_command(directory: Path, assignments: tuple[str, ...], reason: str) -> None:
+def set_command(directory: str, assignments: tuple[str, ...], reason: str) -> None:
     """Make a new revision from the newest one by a hand patch: KNOB=VALUE ..."""
     try:
-        template = load_template(directory)
+        template = load_template(Path(directory))
         store = RevisionDir(template)
         head = store.head()
         changes = []
@@ -410,14 +415,14 @@ def set_command(directory: Path, assignments: tuple[str, ...], reason: str) -> N
 
 
 @template_group.command("diff")
-@click.argument("directory", type=_TEMPLATE_DIR)
+@click.argument("directory", callback=typed_path)
 @click.argument("rev_a")
 @click.argument("rev_b")
-def diff_command(directory: Path, rev_a: str, rev_b: str) -> None:
+def diff_command(directory: str, rev_a: str, rev_b: str) -> None:
     """Unified diff of the rendered scripts of two revisions, for a terminal: a character
     that could act on it (an escape sequence in the script) is shown escaped, as `\\x1b`."""
     try:
-        template = load_template(directory)
+        template = load_template(Path(directory))
         store = RevisionDir(template)
         first, second = store.load(rev_a), store.load(rev_b)
     except (TemplateError, KnobError) as error:

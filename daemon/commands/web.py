@@ -15,11 +15,11 @@ included, and a descriptor limit too low for any connection); 4 the record canno
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import click
 
 from daemon.commands.context import CommandContext, config_option, database_option
+from daemon.commands.paths import typed_path
 
 EXIT_CONFIG = 2
 PREFIX = "slurm-medic web"
@@ -33,7 +33,7 @@ PREFIX = "slurm-medic web"
     "--socket",
     "socket_path",
     metavar="PATH",
-    type=click.Path(dir_okay=False, path_type=Path),
+    callback=typed_path,
     default=None,
     help="Serve on this unix socket (users are known by their uid).",
 )
@@ -41,7 +41,7 @@ def web_command(
     config_path: str | None,
     database_url: str | None,
     listen: str | None,
-    socket_path: Path | None,
+    socket_path: str | None,
 ) -> None:
     """Serve the web page: history, a run's story, approvals, nodes, and the JSON API."""
     if listen is not None and socket_path is not None:
@@ -50,7 +50,7 @@ def web_command(
     if listen is not None:
         overrides["web"] = {"listen": listen, "socket": None}
     if socket_path is not None:
-        overrides["web"] = {"socket": socket_path.absolute()}
+        overrides["web"] = {"socket": socket_path}
     context = CommandContext.load(
         config_path,
         database_url,
