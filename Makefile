@@ -32,7 +32,7 @@ test: system-packages venv lint typecheck
 	$(BIN)/pytest
 
 unit: venv
-	$(BIN)/pytest -m 'not cluster and not postgres'
+	$(BIN)/pytest -m 'not cluster and not postgres and not root and not users and not chromium'
 
 demo: system-packages venv
 	$(BIN)/python deploy/demo.py

@@ -58,6 +58,7 @@ class DevCluster:
     known_hosts: Path
     medic_key: Path
     node_probe: Path
+    hook_socket: Path  # where the cluster's EpilogSlurmctld (slurm-medic's hook) sends
     cluster: str
     controller: str
     partition: str
@@ -74,6 +75,7 @@ class DevCluster:
             known_hosts=Path(status["known_hosts"]),
             medic_key=Path(status["medic_key"]),
             node_probe=Path(status["node_probe"]),
+            hook_socket=Path(status["hook_socket"]),
             cluster=status["cluster"],
             controller=status["controller"],
             partition=status["partition"],
@@ -201,20 +203,21 @@ def keep_requested() -> bool:
     return os.environ.get("DEVCLUSTER_KEEP") == "1"
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def job_users() -> None:
-    """The local cluster's accounts (alice, bob, medic), made before the first test as root:
-    tests that read, submit or approve as a job's owner need them on a machine where the
-    cluster never came up. Not root: nothing is made, and those tests say what is missing."""
-    if os.geteuid() == 0:
-        script(["users"])
+    """The local cluster's accounts (alice, bob, medic), made for the tests marked `users`
+    (reading, submitting or approving as a job's owner) on a machine where the cluster never
+    came up; `deploy/devcluster/down --purge` removes them again."""
+    if os.geteuid() != 0:
+        pytest.fail("making the cluster's users (deploy/devcluster/users) needs root")
+    script(["users"])
 
 
 @pytest.fixture(scope="session")
-def devcluster() -> Iterator[DevCluster]:
+def devcluster(job_users: None) -> Iterator[DevCluster]:
     """The running local cluster; started for this session when it was not up."""
     if os.geteuid() != 0:
-        pytest.skip("the dev cluster needs root (namespaces, daemons, /etc/hosts)")
+        pytest.fail("the dev cluster needs root (namespaces, daemons, /etc/hosts)")
     was_up, _ = status() if (DEVCLUSTER / "status").exists() else (False, {})
     claim()
     try:

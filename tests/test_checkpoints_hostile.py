@@ -117,6 +117,7 @@ def test_a_megatron_tracker_that_names_no_real_iteration_is_a_reason(
     assert "not an iteration" in scan.reason
 
 
+@pytest.mark.users
 def test_the_owners_reading_child_falls_back_too() -> None:
     """The daemon's scan, as the owner in a child under its memory limit."""
     alice = alice_owner()

@@ -3,8 +3,8 @@
 
 Only the seams are fakes: Slurm (`FakeSlurm`, whose drain and resume keep each node's state
 and refuse a drain someone else set, as `SlurmCli` does) and the prober's fetch, which hands
-back real documents made by running deploy/node-probe/medic-node-probe on the dev cluster's
-node states (the fixture nvidia-smi and dmesg)."""
+back real documents made by running the node probe (daemon/installable/node_probe.py) on the
+dev cluster's node states (the fixture nvidia-smi and dmesg)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ from daemon.store.models import AuditEvent, NodeCheck, NodeEvent, NodeEventKind
 from daemon.store.schema import upgrade
 from tests.factories import ended_job
 from tests.test_probe import run_probe_program
+
+# The CLI as root, the admin who sweeps, drains and resumes: the `root` mark.
+pytestmark = pytest.mark.root
 
 ALICE_UID = 1001
 STATES = ("healthy", "row-remap-pending", "remap-failure", "cotenant", "gpu-missing", "xid79")
@@ -356,6 +359,7 @@ def test_sweep_drain_respects_the_breaker_which_leaves_cordons_out(fleet: Fleet)
     assert fleet.slurm.drained == [("gpu-02", fleet.slurm.nodes_by_name["gpu-02"].reason)]
 
 
+@pytest.mark.users
 def test_a_non_admin_may_not_sweep_and_the_attempt_is_recorded(fleet: Fleet) -> None:
     result = fleet.cli("sweep", FLEET, "--drain", sudo_uid=ALICE_UID)
     assert result.exit_code == 3
@@ -437,6 +441,7 @@ def test_a_cordon_without_probe_settings_says_it_was_not_probed(fleet: Fleet) ->
     assert fleet.fetched == []
 
 
+@pytest.mark.users
 def test_a_non_admin_may_not_cordon_and_the_attempt_is_recorded(fleet: Fleet) -> None:
     result = fleet.cli("nodes", "drain", "gpu-02", "--reason", "mine now", sudo_uid=ALICE_UID)
     assert result.exit_code == 3

@@ -45,6 +45,9 @@ from remediators.base import Lever
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
+# The CLI as root (the record's owner, and the one who may decide): the `root` mark.
+pytestmark = pytest.mark.root
+
 NOW = datetime.now(UTC).replace(microsecond=0)
 DAEMON = repo.Actor.daemon()
 JOB_NAME = "llama [bold]7b[/bold]"
@@ -347,6 +350,7 @@ def test_status_lists_waiting_proposals_drains_and_the_pause(
 # ---------------------------------------------------------------- decisions
 
 
+@pytest.mark.users
 def test_the_owner_approves_with_a_comment_on_the_record(
     seeded: Seeded, empty_db_engine: Engine
 ) -> None:
@@ -414,6 +418,7 @@ def _group_of(gid: int) -> str:
     return grp.getgrgid(gid).gr_name
 
 
+@pytest.mark.users
 def test_sudo_uid_is_believed_only_from_root() -> None:
     assert invoking_person({"SUDO_UID": "0"}, uid=ALICE_UID).name == "alice"
     as_alice = invoking_person({"SUDO_UID": str(pwd.getpwnam("nobody").pw_uid)}, uid=ALICE_UID)
@@ -441,6 +446,7 @@ def test_pause_and_resume_are_on_the_record(seeded: Seeded, empty_db_engine: Eng
     assert verbs == ["pause", "unpause"]
 
 
+@pytest.mark.users
 def test_nodes_lists_medic_drains_and_refuses_to_resume_others(
     seeded: Seeded, empty_db_engine: Engine
 ) -> None:

@@ -29,9 +29,12 @@ from daemon.store.settings import StoreSettings, sqlite_url
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 
 def _alice() -> pwd.struct_passwd:
-    """Looked up when a test runs: the suite's `job_users` makes the accounts."""
+    """Looked up when a test runs: the `users` mark makes the accounts."""
     return pwd.getpwnam("alice")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -35,6 +36,9 @@ from tests.devcluster import (
 pytestmark = pytest.mark.cluster
 
 NODES = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+ACCOUNTS = ("alice", "bob", "medic")
+# The comment deploy/devcluster/users gives the accounts it makes (lib.sh's USER_TAG).
+USER_TAG = "slurm-medic devcluster"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -220,8 +224,8 @@ def test_medic_key_runs_only_the_forced_command(devcluster: DevCluster, node: st
         assert done.returncode == 0, done.stderr
         assert not done.stdout.startswith("uid="), "a shell ran the client's command"
         document = json.loads(done.stdout)
-        if not document.get("placeholder"):
-            assert document["node"] == node  # this node's sshd set MEDIC_NODE
+        assert document["format"] == "medic-node-probe/1"
+        assert document["node"] == node  # this node's sshd set MEDIC_NODE
 
 
 def test_node_state_changes_what_the_node_reports(devcluster: DevCluster) -> None:
@@ -288,10 +292,14 @@ def test_down_leaves_nothing_behind_and_up_comes_back(devcluster: DevCluster) ->
             "the cluster was already up or other sessions use it: not tearing it down "
             "(DEVCLUSTER_TEST_TEARDOWN=1 forces it)"
         )
-    script(["down"], timeout=120)
+    script(["down", "--purge"], timeout=120)
     assert leftovers() == []
+    # --purge took the accounts `users` made (an account of the same name it did not make stays).
+    assert [entry.pw_name for entry in pwd.getpwall() if entry.pw_gecos == USER_TAG] == []
     started = time.monotonic()
     bring_up()
+    # `up` makes the accounts again (each lookup raises KeyError if one is missing).
+    assert [pwd.getpwnam(user).pw_name for user in ACCOUNTS] == list(ACCOUNTS)
     claim()  # the claim dir is outside the state dir, but be sure the session still holds it
     assert SESSIONS.is_dir()
     assert time.monotonic() - started < 120

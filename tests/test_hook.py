@@ -24,11 +24,12 @@ from daemon.process import CommandResult, run
 from daemon.service import Daemon
 from daemon.store.engine import make_engine
 from daemon.store.settings import StoreSettings, sqlite_url
+from tests.devcluster import DevCluster, job_state, sbatch_as, user_dir
 from tests.test_actions_store import FakeSlurm
 from tests.test_pipeline import FakeFiles
 
 REPO = Path(__file__).parents[1]
-EPILOG = REPO / "deploy" / "epilog" / "slurm-medic-epilog"
+EPILOG = REPO / "daemon" / "installable" / "epilog.py"
 WAIT_S = 5.0
 
 
@@ -121,12 +122,8 @@ def test_any_datagram_is_a_plain_job_id_or_nothing(data: bytes) -> None:
 
 
 def _account(name: str) -> pwd.struct_passwd:
-    if os.geteuid() != 0:
-        pytest.skip("sending as another user needs root")
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pytest.skip(f"no local user {name}")
+    """An account of the tests marked `users` (made by its fixture), looked up when used."""
+    return pwd.getpwnam(name)
 
 
 def _as(account: pwd.struct_passwd) -> tuple[str, ...]:
@@ -140,6 +137,7 @@ def _as(account: pwd.struct_passwd) -> tuple[str, ...]:
     )
 
 
+@pytest.mark.users
 def test_only_allowed_senders_wake_it(socket_dir: Path) -> None:
     alice = _account("alice")
     path = socket_dir / "hook.sock"
@@ -168,6 +166,7 @@ def _send_as(account: pwd.struct_passwd, path: Path) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.users
 def test_the_socket_is_writable_by_its_owner_and_the_senders_group_only(
     socket_dir: Path,
 ) -> None:
@@ -192,6 +191,7 @@ def test_the_socket_is_writable_by_its_owner_and_the_senders_group_only(
         listener.stop()
 
 
+@pytest.mark.users
 def test_the_senders_group_is_given_without_cap_chown(socket_dir: Path) -> None:
     """The service keeps CAP_SETGID but not CAP_CHOWN: the socket must still get the group."""
     alice = _account("alice")
@@ -330,6 +330,7 @@ def _senders(tmp_path: Path, seam: ShowConfig) -> tuple[frozenset[int], int | No
         engine.dispose()
 
 
+@pytest.mark.users
 def test_the_hook_admits_root_and_the_slurm_user_and_gives_the_socket_its_group(
     tmp_path: Path,
 ) -> None:
@@ -347,6 +348,7 @@ def test_a_slurm_user_that_is_root_needs_no_group(tmp_path: Path) -> None:
     assert group is None
 
 
+@pytest.mark.users
 def test_without_scontrol_the_slurm_account_is_the_sender(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,6 +372,32 @@ def test_on_the_real_cluster_the_slurm_user_may_send(tmp_path: Path) -> None:
         assert (allowed, group) == (frozenset({0, os.geteuid(), slurm.pw_uid}), slurm.pw_gid)
     finally:
         engine.dispose()
+
+
+@pytest.mark.cluster
+def test_the_clusters_epilog_tells_the_listener_that_a_job_ended(devcluster: DevCluster) -> None:
+    """slurmctld runs slurm-medic's hook after a real job (EpilogSlurmctld, wired as
+    deploy/README.md says), as the SlurmUser, and the listener hears that job's id."""
+    slurm = pwd.getpwnam("slurm")
+    listener, woken = _listen(
+        devcluster.hook_socket, allowed_uids={0, slurm.pw_uid}, group=slurm.pw_gid
+    )
+    try:
+        with user_dir("hook", "alice") as work:
+            script = work / "job.sh"
+            script.write_text("#!/bin/sh\ntrue\n")
+            job_id = int(sbatch_as("alice", work, "hook-epilog", script))
+            heard: list[int] = []
+            deadline = time.monotonic() + 90
+            # Other jobs of the cluster end too: each is heard, this one among them.
+            while job_id not in heard and time.monotonic() < deadline:
+                try:
+                    heard.append(woken.get(timeout=max(0.1, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+    finally:
+        listener.stop()
+    assert job_id in heard, f"heard {heard}, state {job_state(str(job_id))}"
 
 
 @settings(max_examples=200, deadline=None)

@@ -375,6 +375,7 @@ def alice_log() -> Iterator[tuple[OwnerFiles, Path]]:
         yield OwnerFiles(alice, drop_privileges=True), path
 
 
+@pytest.mark.users
 def test_the_owners_child_scans_the_whole_log_as_the_cli_does(
     alice_log: tuple[OwnerFiles, Path],
 ) -> None:
@@ -383,6 +384,7 @@ def test_the_owners_child_scans_the_whole_log_as_the_cli_does(
     _same_scan(files.scan_log(str(path)), path)
 
 
+@pytest.mark.users
 def test_the_owners_child_looks_back_no_further_than_asked(
     alice_log: tuple[OwnerFiles, Path],
 ) -> None:

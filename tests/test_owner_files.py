@@ -22,18 +22,16 @@ from daemon.owner_files import Owner, OwnerFiles, OwnerReadRefused
 from daemon.owner_serve import answer
 from daemon.owner_walk import RefusalKind
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 DATA = Path(__file__).parent / "data" / "logs"
 SECRET = b"root-only: the owner must never see this line\n"
 
 
 def alice_owner() -> Owner:
-    """The local user alice, read as by root; the test is skipped where either is missing."""
-    if os.geteuid() != 0:
-        pytest.skip("dropping to the owner's rights needs root")
-    try:
-        entry = pwd.getpwnam("alice")
-    except KeyError:
-        pytest.skip("no local user alice (useradd -m alice)")
+    """The local user alice, read as by root (the module's `users` mark makes her)."""
+    entry = pwd.getpwnam("alice")
     return Owner(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 

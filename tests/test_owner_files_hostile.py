@@ -31,6 +31,9 @@ from tests.test_owner_files import SECRET, alice_owner, owned_dir
 from tests.test_pipeline import failed_job, start_lineage
 from tests.test_pipeline_owner import OOM_LINE
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "launch_templates" / "torchrun"
 
 

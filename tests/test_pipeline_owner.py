@@ -5,7 +5,6 @@ never its content."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,6 @@ from tests.test_pipeline import failed_job
 pytestmark = [
     pytest.mark.cluster,  # the cluster's bring-up makes the job user alice
     pytest.mark.usefixtures("devcluster"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root"),
 ]
 
 USER = "alice"

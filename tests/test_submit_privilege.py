@@ -6,7 +6,6 @@ right of whoever a sudo rule lets run the command.
 
 from __future__ import annotations
 
-import os
 import pwd
 from pathlib import Path
 
@@ -25,7 +24,7 @@ def _user(name: str) -> pwd.struct_passwd:
         pytest.fail(f"no local user {name}: the test machine's set-up creates alice and bob")
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="sudo's shape (real uid 0 with SUDO_UID) needs root")
+@pytest.mark.users
 def test_a_sudo_caller_cannot_submit_as_someone_else() -> None:
     alice, bob = _user("alice"), _user("bob")
     result = CliRunner().invoke(
@@ -37,7 +36,7 @@ def test_a_sudo_caller_cannot_submit_as_someone_else() -> None:
     assert "only root may submit as another user" in result.output
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="sudo's shape (real uid 0 with SUDO_UID) needs root")
+@pytest.mark.users
 def test_a_sudo_caller_learns_nothing_of_roots_paths(tmp_path: Path) -> None:
     """Root's 0700 directory: whether a path exists below it, and where its links lead, is the
     owner's reader's to say, and it says the same for a directory that exists and one that

@@ -28,6 +28,9 @@ from daemon.store.settings import StoreSettings, sqlite_url
 from tests.factories import ended_job
 from tests.fixes import seeded_fix
 
+# The record's commands as root, who may read every run: the `root` mark.
+pytestmark = pytest.mark.root
+
 # Written out here rather than taken from the module, so the test checks the module.
 SPOOFING = frozenset("\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u2060\ufeff") | frozenset(
     chr(code) for code in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]

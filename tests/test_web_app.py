@@ -24,6 +24,9 @@ from tests.web_support import (
     web_record_at,
 )
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 
 @pytest.fixture
 def web_record(tmp_path: Path) -> Iterator[WebRecord]:

@@ -29,6 +29,9 @@ from tests.web_support import (
     web_record_at,
 )
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 _FORM = re.compile(
     r'<form class="inline" method="post" action="/approvals/(?P<id>[0-9]+)/(?P<verb>[a-z]+)">\s*'
     r'<input type="hidden" name="csrf" value="(?P<csrf>[0-9a-f]{64})">\s*'

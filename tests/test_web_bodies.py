@@ -12,6 +12,9 @@ from starlette.testclient import TestClient
 
 from tests.web_support import ADMIN, OWNER, PROXY, WebRecord, web_record_at
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 REFUSED = {400, 403, 413, 415}
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
 NESTED = b"[" * 8192 + b"]" * 8192  # 16 KB, as the finding sent

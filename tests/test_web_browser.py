@@ -32,6 +32,9 @@ from tests.browser import (
     web_server,
 )
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = [pytest.mark.users, pytest.mark.chromium]
+
 COMMENT = "halving is fine <img src=x id=injected> the global batch is kept"
 
 

@@ -57,6 +57,9 @@ from tests.web_support import (
     web_record_at,
 )
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 PER_PEER = 64  # the default cap, which the first tests run under
 IDLE = 200  # one peer's idle connections: more than its cap
 POLL_S = 30.0  # the bound of every wait on the server; none is a timing assertion

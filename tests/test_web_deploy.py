@@ -39,6 +39,9 @@ from tests.browser import (
     web_server,
 )
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 REPO = Path(__file__).resolve().parent.parent
 NGINX_EXAMPLE = REPO / "deploy" / "web" / "nginx-oidc.conf"
 OOD_APP = REPO / "deploy" / "web" / "ood" / "slurm-medic" / "passenger_wsgi.py"

@@ -14,6 +14,9 @@ from starlette.testclient import TestClient
 
 from tests.web_support import ADMIN, OWNER, WebRecord, web_record_at
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 # 307: "/nodes/" is sent on to "/nodes".
 ANSWERED = {200, 303, 307, 400, 404}
 # Text a person could type, odd Unicode, controls and NULs included; kept short.

@@ -32,6 +32,9 @@ from daemon.web.identity import (
 from daemon.web.settings import WebSettings
 from tests.web_support import OWNER, PROXY, STRANGER, WebRecord, web_record_at, write_secret
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 _WHO = re.compile(r'<span class="who">(?P<name>[^<( ]+)')
 
 

@@ -29,6 +29,9 @@ from daemon.web.context import csrf_token
 from tests.test_web_runs import ADMIN, DATA, Site, make_site
 from tests.web_support import Answer
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 DRAINED_LINE = (DATA / "slurm" / "dbv0.0.38" / "scontrol-show-node-drained.txt").read_text()
 RESUME = ("scontrol", "update", "NodeName=gpu-02", "State=RESUME")
 

@@ -46,6 +46,9 @@ from tests.factories import ended_job
 from tests.fixes import seeded_fix
 from tests.web_support import Answer
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 NOW = datetime.now(UTC).replace(microsecond=0)
 DATA = Path(__file__).parent / "data"
 PROXY = ("10.9.8.7", 40000)

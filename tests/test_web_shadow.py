@@ -16,6 +16,9 @@ from daemon.store.states import ProposalState
 from tests.test_web_runs import ADMIN, DRY_RUN_HOLD, WOULD_APPROVE_REASON, Site, make_site
 from tests.web_support import Answer
 
+# Runs as the cluster's job users (alice, bob): the `users` mark makes them.
+pytestmark = pytest.mark.users
+
 
 @pytest.fixture
 def site(empty_db_engine: Engine, tmp_path: Path) -> Site:

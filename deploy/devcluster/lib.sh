@@ -33,12 +33,17 @@ SLURM_CONFIGS=(slurm.conf slurmdbd.conf cgroup.conf gres.conf)
 # removes files that carry it, so a hand-written config is never deleted.
 MARKER="# Written by slurm-medic deploy/devcluster/up; removed by deploy/devcluster/down."
 HOSTS_TAG="# slurm-medic-devcluster"
+# The comment (GECOS) of the accounts `users` makes, so `down --purge` knows its own.
+USER_TAG="slurm-medic devcluster"
 # Says `up` started munged, so `down` may stop it (a munged that was already
 # running serves someone else too). In munge's run dir, not $STATE: it must
 # survive a `down` that was interrupted after deleting $STATE.
 MUNGED_OURS="/run/munge/started-by-slurm-medic-devcluster"
 # The lock lives outside $STATE because `down` deletes $STATE while holding it.
 LOCK_FILE="/run/lock/slurm-medic-devcluster.lck"
+# Where the cluster's EpilogSlurmctld (slurm-medic's hook) sends: a daemon of the tests that
+# wants slurmctld's word listens here (`status --json`: hook_socket).
+HOOK_SOCKET="$STATE/run/medic-hook.sock"
 
 # Our MariaDB listens on loopback only, on a port of its own so that a MariaDB
 # the machine may already run on 3306 is left alone.
