@@ -15,7 +15,6 @@ regular file at the name is refused, as is a missing directory: one line on stde
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from contextlib import suppress
 from importlib.resources import files
@@ -24,6 +23,7 @@ from pathlib import Path
 import click
 
 from daemon.commands.context import CommandFailed
+from daemon.templates.safe_files import open_fresh
 
 SHIPPED = "daemon.installable"
 NODE_PROBE = "node_probe.py"
@@ -36,8 +36,6 @@ PROGRAM_MODE = 0o755
 UNIT_MODE = 0o644
 CONFIG_MODE = 0o600  # the store URL may carry a password
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_NAME_TRIES = 100
 
 
 class InstallRefused(Exception):
@@ -101,15 +99,10 @@ def _check_name(dir_fd: int, name: str, dest: Path, *, replace: bool) -> None:
 def _new_file(dir_fd: int, data: bytes, mode: int) -> str:
     """A fresh file of an unpredictable name in the directory holding `data` with `mode`; its
     name. Made 0600, given `mode` once written, then synced."""
-    for _ in range(_NEW_NAME_TRIES):
-        temporary = f".slurm-medic-{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(temporary, _NEW_FILE, 0o600, dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        break
-    else:
-        raise InstallRefused(f"not written: no fresh temporary name in {_NEW_NAME_TRIES} tries")
+    fresh = open_fresh(dir_fd, 0o600)
+    if fresh is None:
+        raise InstallRefused("not written: no fresh temporary name in the directory")
+    fd, temporary = fresh
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -42,7 +42,7 @@ from daemon.doctor.facts import (
     WebFact,
 )
 from daemon.doctor.judge import controller_config, probe_candidate
-from daemon.evidence.prober import PROBE_COMMAND, ProbeSettings
+from daemon.evidence.prober import ProbeSettings, run_probe_program
 from daemon.slurm.backend import SlurmCli
 from daemon.slurm.controller import SHOW_CONFIG_ARGV, VERSION_ARGV, ControllerConfig
 from daemon.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError, SlurmUnavailable
@@ -51,14 +51,11 @@ from daemon.ssh import (
     CommandTimedOut,
     HostKeyMismatch,
     OutputTooLarge,
-    SshCredentials,
     SshError,
-    SshTarget,
     UnknownHostKey,
     Unreachable,
     UnsafeKey,
     check_private_key,
-    run_remote,
 )
 from daemon.web.settings import split_listen
 
@@ -289,14 +286,7 @@ def _probe(settings: ProbeSettings | None, node: str | None, slurm_timeout: floa
         return refused(ProbeOutcome.KEY_UNSAFE, error)
     started = time.monotonic()
     try:
-        result = run_remote(
-            SshTarget(host=node, port=settings.port, user=settings.user),
-            PROBE_COMMAND,
-            credentials=SshCredentials(settings.key_path, settings.known_hosts_path),
-            connect_timeout=settings.connect_timeout_s,
-            command_timeout=settings.command_timeout_s,
-            max_output_bytes=settings.max_output_bytes,
-        )
+        result = run_probe_program(settings, node)
     except UnknownHostKey as error:
         return refused(ProbeOutcome.UNKNOWN_HOST, error)
     except HostKeyMismatch as error:

@@ -30,6 +30,7 @@ from daemon.evidence.xid import XidCatalog, XidCatalogError, XidOverride, load_c
 from daemon.metrics.series import ProbeFailure, probe_fetched
 from daemon.ssh import (
     HostKeyMismatch,
+    RemoteResult,
     SshCredentials,
     SshError,
     SshTarget,
@@ -100,6 +101,20 @@ class RawProbe:
 
 
 Fetch = Callable[[str], RawProbe]
+
+
+def run_probe_program(settings: ProbeSettings, node: str) -> RemoteResult:
+    """The probe's one command on `node` over the SSH seam, as `settings` say (user, port, key,
+    pinned host keys, timeouts, output cap); the seam's errors reach the caller, who judges them
+    (the prober as a failed fetch, `doctor` item by item)."""
+    return run_remote(
+        SshTarget(host=node, port=settings.port, user=settings.user),
+        PROBE_COMMAND,
+        credentials=SshCredentials(settings.key_path, settings.known_hosts_path),
+        connect_timeout=settings.connect_timeout_s,
+        command_timeout=settings.command_timeout_s,
+        max_output_bytes=settings.max_output_bytes,
+    )
 
 
 class NodeProber:
@@ -193,14 +208,7 @@ class NodeProber:
     def _fetch_over_ssh(self, node: str) -> RawProbe:
         settings = self._settings
         try:
-            result = run_remote(
-                SshTarget(host=node, port=settings.port, user=settings.user),
-                PROBE_COMMAND,
-                credentials=SshCredentials(settings.key_path, settings.known_hosts_path),
-                connect_timeout=settings.connect_timeout_s,
-                command_timeout=settings.command_timeout_s,
-                max_output_bytes=settings.max_output_bytes,
-            )
+            result = run_probe_program(settings, node)
         except (HostKeyMismatch, UnknownHostKey) as error:
             log.warning("refused %s: %s", node, error)
             return RawProbe(node, self._clock(), None, f"refused: {error}", ProbeFailure.HOST_KEY)

@@ -142,18 +142,26 @@ def _write(path: str, data: bytes, *, judge: bool) -> None:
         os.close(walk.fd)
 
 
-def _replace_at(directory: int, name: str, data: bytes) -> None:
-    """Write `data` to a new file of an unpredictable name in `directory`, made exclusively
-    (never an existing file, never through a link), then rename it over `name`."""
+def open_fresh(directory: int, mode: int) -> tuple[int, str] | None:
+    """A new file of an unpredictable name in `directory`, made exclusively (never an existing
+    file, never through a link): its descriptor and name, or None when no fresh name was found
+    in `_NEW_NAME_TRIES` tries. One way for every write of root's that must not be steered."""
     for _ in range(_NEW_NAME_TRIES):
         temporary = f".slurm-medic-{secrets.token_hex(8)}.tmp"
         try:
-            fd = os.open(temporary, _NEW_FILE, 0o666, dir_fd=directory)
+            return os.open(temporary, _NEW_FILE, mode, dir_fd=directory), temporary
         except FileExistsError:
             continue
-        break
-    else:
+    return None
+
+
+def _replace_at(directory: int, name: str, data: bytes) -> None:
+    """Write `data` to a new file of an unpredictable name in `directory` (`open_fresh`), then
+    rename it over `name`."""
+    fresh = open_fresh(directory, 0o666)
+    if fresh is None:
         raise WriteRefused(f"no fresh temporary name for {name} in {_NEW_NAME_TRIES} tries")
+    fd, temporary = fresh
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
