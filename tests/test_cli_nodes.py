@@ -83,6 +83,9 @@ class FakeSlurm:
     def queued_jobs(self) -> tuple[QueuedJob, ...]:
         return ()
 
+    def accounting_backlog(self) -> int:
+        return 0
+
     def submit(
         self,
         script: str,

@@ -18,7 +18,7 @@ from daemon.config import Settings
 from daemon.logs import JsonFormatter
 from daemon.service import LeaderLock, sd_notify, watchdog_window_s
 from daemon.slurm.errors import SlurmParseError
-from daemon.slurm.records import QueuedJob
+from daemon.slurm.records import JobState, QueuedJob
 from daemon.slurm.squeue import parse_queue_json
 from daemon.store.engine import make_engine
 from daemon.store.service_records import carries_token
@@ -143,6 +143,25 @@ def test_queued_jobs_keep_plain_jobs_their_owner_and_any_comment_text() -> None:
         QueuedJob(43, "bob", "x\n41|alice|medic-0a1b"),
         QueuedJob(45, "carol", ""),
     )
+
+
+def test_a_queued_job_keeps_its_state_as_each_release_prints_it() -> None:
+    """The real 22.05 capture (a job FAILED while slurmdbd was stopped) prints a string;
+    23.11+ prints the base state and its flags as a list; an unknown state is never ended."""
+    capture = Path(__file__).parent / "data" / "slurm" / "dbv0.0.38"
+    [failed] = parse_queue_json(
+        (capture / "squeue-failed-slurmdbd-stopped.json").read_text(encoding="utf-8")
+    )
+    assert (failed.job_id, failed.user, failed.state) == (1, "alice", JobState.FAILED)
+    jobs = [
+        {"job_id": 51, "user_name": "alice", "job_state": ["PENDING", "REQUEUED"]},
+        {"job_id": 52, "user_name": "alice", "job_state": ["OUT_OF_MEMORY"]},
+        {"job_id": 53, "user_name": "alice", "job_state": "SOMETHING_NEW"},
+        {"job_id": 54, "user_name": "alice", "job_state": 7},
+    ]
+    states = [job.state for job in parse_queue_json(json.dumps({"jobs": jobs}))]
+    assert states == [JobState.PENDING, JobState.OUT_OF_MEMORY, JobState.UNKNOWN, JobState.UNKNOWN]
+    assert not JobState.UNKNOWN.is_terminal()
 
 
 @pytest.mark.parametrize("text", ["", "[]", '{"jobs": {}}', "{"])

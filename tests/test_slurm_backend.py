@@ -412,3 +412,17 @@ def test_the_queue_is_read_through_the_seam_with_retries() -> None:
     seam = FakeSeam([_fail(1, down), _ok(json.dumps(queue))])
     assert _cli(seam).queued_jobs() == (QueuedJob(41, "alice", "medic-0a1b"),)
     assert seam.calls == [("squeue", "--json", "--all", "--states=all")] * 2
+
+
+def test_the_accounting_backlog_is_one_sdiag_call_retried_while_slurmctld_is_away() -> None:
+    stopped = _text("sdiag-slurmdbd-stopped.txt")
+    sleeps: list[float] = []
+    seam = FakeSeam(
+        [
+            _fail(1, "sdiag: error: Unable to contact slurm controller (connect failure)"),
+            _ok(stopped),
+        ]
+    )
+    assert _cli(seam, sleeps).accounting_backlog() == 3
+    assert seam.calls == [("sdiag",), ("sdiag",)]
+    assert sleeps == [0.5]

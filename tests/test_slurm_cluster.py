@@ -323,6 +323,11 @@ def test_a_node_slurmctld_does_not_know_is_node_not_found(cli: SlurmCli) -> None
         cli.node("nosuchnode")
 
 
+def test_the_accounting_backlog_is_read_from_the_real_sdiag() -> None:
+    """The idle cluster's slurmctld holds nothing for slurmdbd (the outage tests see more)."""
+    assert SlurmCli().accounting_backlog() == 0
+
+
 def test_dead_controller_and_slurmdbd_give_slurm_unavailable_in_bounded_time(
     tmp_path: Path,
 ) -> None:
@@ -340,6 +345,10 @@ def test_dead_controller_and_slurmdbd_give_slurm_unavailable_in_bounded_time(
     started = time.monotonic()
     with pytest.raises(SlurmUnavailable):
         cli.finished_jobs(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC))
+    assert time.monotonic() - started < 2 * 8 + 0.2 + 5
+    started = time.monotonic()
+    with pytest.raises(SlurmUnavailable):
+        cli.accounting_backlog()
     assert time.monotonic() - started < 2 * 8 + 0.2 + 5
 
 

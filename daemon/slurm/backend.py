@@ -69,6 +69,7 @@ from daemon.slurm.scontrol import (
     show_node_argv,
     validate_reason,
 )
+from daemon.slurm.sdiag import SDIAG_ARGV, parse_dbd_agent_queue
 from daemon.slurm.squeue import QUEUE_JSON_ARGV, parse_queue_json
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ class SlurmBackend(Protocol):
     def jobs(self, job_ids: Iterable[int]) -> tuple[SlurmJob, ...]: ...
 
     def queued_jobs(self) -> tuple[QueuedJob, ...]: ...
+
+    def accounting_backlog(self) -> int: ...
 
     def submit(
         self,
@@ -289,6 +292,11 @@ class SlurmCli:
         """Every job slurmctld holds, with its owner and comment (one squeue call): where a
         live job is found by the token in its comment."""
         return parse_queue_json(self._call(list(QUEUE_JSON_ARGV)).stdout)
+
+    def accounting_backlog(self) -> int:
+        """How many messages slurmctld still holds for slurmdbd (sdiag's DBD Agent queue):
+        while any are queued, a job that has ended may not be in accounting yet."""
+        return parse_dbd_agent_queue(self._call(list(SDIAG_ARGV)).stdout)
 
     def _with_controller_paths(self, job: SlurmJob) -> SlurmJob:
         """22.05 accounting does not store std paths; slurmctld has them until MinJobAge."""

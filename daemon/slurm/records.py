@@ -192,6 +192,8 @@ class QueuedJob:
     job_id: int
     user: str
     comment: str
+    # UNKNOWN where squeue named no state this code reads: never taken to have ended.
+    state: JobState = JobState.UNKNOWN
 
 
 class NodeBaseState(StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from daemon.slurm.errors import SlurmParseError
-from daemon.slurm.records import QueuedJob
+from daemon.slurm.records import JobState, QueuedJob
 
 QUEUE_JSON_ARGV = ("squeue", "--json", "--all", "--states=all")
 
@@ -37,8 +37,26 @@ def parse_queue_json(text: str) -> tuple[QueuedJob, ...]:
             continue
         if not isinstance(user, str) or not user:
             continue
-        jobs.append(QueuedJob(job_id, user, comment if isinstance(comment, str) else ""))
+        jobs.append(
+            QueuedJob(
+                job_id,
+                user,
+                comment if isinstance(comment, str) else "",
+                _job_state(raw.get("job_state")),
+            )
+        )
     return tuple(jobs)
+
+
+def _job_state(value: object) -> JobState:
+    """22.05 prints `"FAILED"`, 23.11+ a list of the base state and its flags."""
+    names = value if isinstance(value, list) else [value]
+    for name in names:
+        if isinstance(name, str):
+            state = JobState.parse(name)
+            if state is not JobState.UNKNOWN:
+                return state
+    return JobState.UNKNOWN
 
 
 def _json_number(value: object) -> int | None:
