@@ -100,6 +100,10 @@ class WatcherSettings(_Section):
     running_interval_s: float = Field(default=15.0, gt=0, le=3600)
     # An incomplete accounting record (22.05's placeholder) is read again for this long.
     incomplete_record_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    # A lineage job that has left slurmctld's queue is looked up by its id until accounting
+    # has its final record, for at most this long (slurmdbd outages last minutes to days);
+    # then that it never came is put on the record.
+    ended_record_wait_s: float = Field(default=7 * 86400.0, ge=60, le=90 * 86400)
     # A submission's intent (a first submission or a relaunch) is declared never submitted only
     # once it is this old: accounting shows a new job a few seconds late, and a job missed would
     # be submitted twice.

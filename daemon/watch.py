@@ -3,8 +3,16 @@
 The poll asks sacct once for the window from the stored cursor less the overlap; jobs already
 handled are skipped by id, so nothing is handled twice across restarts; a record it cannot read
 goes on the record once, with its text, and is skipped; the full records of the jobs to handle
-come in one batch, and each ended job is handled (`pipeline`) in its own transaction. The
-wedge check cancels a running lineage job whose log shows a rank's root failure while the
+come in one batch, and each ended job is handled (`pipeline`) in its own transaction.
+
+No outage's length can lose a failure. The cursor is held at the start of an accounting gap
+(a poll that failed, or slurmctld still holding records for slurmdbd: sdiag, asked before the
+window) until that backlog has drained, so the next window reaches back to every job that
+ended in the gap, those matched only by `[managed]` rules included. And each job of an active
+lineage that has left slurmctld's queue is looked up by its id every poll until accounting has
+its final record ("ended, record not yet in accounting" in `status` meanwhile).
+
+The wedge check cancels a running lineage job whose log shows a rank's root failure while the
 others hang, once its grace has passed.
 """
 
@@ -30,10 +38,11 @@ from daemon.pipeline import DAEMON, PipelineDeps, handle_ended_job, incomplete_r
 from daemon.slurm.backend import SlurmBackend
 from daemon.slurm.errors import SlurmError
 from daemon.slurm.records import SlurmJob
+from daemon.store import awaited as awaited_records
 from daemon.store import control
 from daemon.store import repository as repo
 from daemon.store import service_records as records
-from daemon.store.models import ActionKind
+from daemon.store.models import ActionKind, AwaitedRecord
 
 log = logging.getLogger("slurm_medic")
 
@@ -95,7 +104,17 @@ class Watcher:
             cursor if cursor is not None else now - timedelta(seconds=watcher.initial_lookback_s)
         )
         since = start - timedelta(seconds=watcher.overlap_s)
-        window = self.backend.finished_window(since, now, states=watcher.states)
+        # Asked before the window: a record slurmctld delivered by now is in the answer.
+        backlog = self._accounting_backlog()
+        deps = PipelineDeps(self.settings, self.prober, self.files)
+        try:
+            window = self.backend.finished_window(since, now, states=watcher.states)
+        except SlurmError as error:
+            reason = f"accounting unreachable: {error}"
+            control.hold_cursor(session, name=CURSOR, reason=reason, now=now, start=start)
+            session.commit()
+            self._await_ended(session, report, deps=deps, now=now, tried=set())
+            raise
         jobs = window.jobs
         report.polled = len(jobs)
         # Unreadable records are skipped, never waited for (they would hold the cursor for
@@ -119,7 +138,6 @@ class Watcher:
             or managed.matches(account=job.account, partition=job.partition, user=job.user)
         }
         full_records = self._full_records(list(wanted.values()))
-        deps = PipelineDeps(self.settings, self.prober, self.files)
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         hold_cursor: datetime | None = None
         for job in to_handle:
@@ -135,10 +153,142 @@ class Watcher:
             ):
                 end = job.end_time or now
                 hold_cursor = end if hold_cursor is None else min(hold_cursor, end)
+        session.commit()
+        # The window's own jobs were tried once this poll already (a failure counts once).
+        self._await_ended(session, report, deps=deps, now=now, tried=set(wanted))
+        if backlog is not None:
+            control.hold_cursor(session, name=CURSOR, reason=backlog, now=now, start=start)
+            return report
         new_cursor = now if hold_cursor is None else min(now, hold_cursor)
-        if cursor is None or new_cursor > cursor:
-            control.set_cursor(session, name=CURSOR, polled_until=new_cursor)
+        if cursor is not None and new_cursor < cursor:
+            new_cursor = cursor
+        control.advance_cursor(session, name=CURSOR, polled_until=new_cursor)
         return report
+
+    def _accounting_backlog(self) -> str | None:
+        """Why the cursor must stay where it is, or None: slurmctld holds no record back."""
+        try:
+            queued = self.backend.accounting_backlog()
+        except SlurmError as error:
+            return f"slurmctld's queue for slurmdbd cannot be read: {error}"
+        if queued:
+            return f"slurmctld holds {queued} message(s) for slurmdbd (sdiag's DBD Agent queue)"
+        return None
+
+    def _await_ended(
+        self,
+        session: Session,
+        report: PollReport,
+        *,
+        deps: PipelineDeps,
+        now: datetime,
+        tried: set[int],
+    ) -> None:
+        """Look up by id each job of an active lineage that has left slurmctld's queue and is
+        not handled yet (nor `tried` by this poll's window); handle it once accounting has its
+        final record, and say meanwhile what accounting showed. Given up on, on the record,
+        after `ended_record_wait_s`."""
+        watcher = self.settings.watcher
+        unhandled = awaited_records.unhandled_lineage_jobs(session)
+        known = awaited_records.awaited(session)
+        session.commit()  # only read: squeue and sacct hold no lock on the record
+        if not unhandled:
+            if known:
+                awaited_records.forget_awaited(session, known)
+                session.commit()
+            return
+        try:
+            queue = {job.job_id: job.state for job in self.backend.queued_jobs()}
+        except SlurmError as error:  # who has ended cannot be told: the rows stay as they are
+            log.warning("slurmctld's queue could not be read: %s", error)
+            return
+        ended = sorted(
+            job_id
+            for job_id in unhandled
+            if job_id not in tried and (job_id not in queue or queue[job_id].is_terminal())
+        )
+        awaited_records.forget_awaited(session, [job_id for job_id in known if job_id not in ended])
+        session.commit()
+        if not ended:
+            return
+        try:
+            found = {job.job_id: job for job in self.backend.jobs(ended)}
+            unreachable = None
+        except SlurmError as error:
+            found, unreachable = {}, f"accounting unreachable: {error}"
+        wait = timedelta(seconds=watcher.incomplete_record_wait_s)
+        for job_id in ended:
+            if self.stopping.is_set():
+                return
+            job = found.get(job_id)
+            if (
+                job is not None
+                and job.state.is_terminal()
+                and self._handled_by_id(session, job, deps=deps, report=report, now=now, wait=wait)
+            ):
+                awaited_records.forget_awaited(session, [job_id])
+                session.commit()
+                continue
+            row = awaited_records.note_awaited(
+                session,
+                slurm_job_id=job_id,
+                lineage_id=unhandled[job_id],
+                now=now,
+                accounting=unreachable or _accounting_shows(job),
+            )
+            if now - row.left_queue_at > timedelta(seconds=watcher.ended_record_wait_s):
+                self._give_up_waiting(session, row)
+            session.commit()
+
+    def _handled_by_id(
+        self,
+        session: Session,
+        job: SlurmJob,
+        *,
+        deps: PipelineDeps,
+        report: PollReport,
+        now: datetime,
+        wait: timedelta,
+    ) -> bool:
+        """Handle a job found by its id as the window's would be; False: look again."""
+        if job.state not in self.settings.watcher.states:
+            records.mark_job_handled(
+                session,
+                slurm_job_id=job.job_id,
+                actor=DAEMON,
+                outcome="ignored",
+                details={"state": job.state.value},
+            )
+            return True
+        complete = job if job.accounting_complete else None
+        return self._handle_one(
+            session, job, complete, deps=deps, report=report, now=now, wait=wait
+        )
+
+    @staticmethod
+    def _give_up_waiting(session: Session, row: AwaitedRecord) -> None:
+        """Put on the record that accounting never said how this job ended."""
+        details = {
+            "left_queue_at": row.left_queue_at.isoformat(),
+            "looks": row.looks,
+            "accounting": row.accounting,
+        }
+        repo.append_audit(
+            session,
+            actor=DAEMON,
+            verb="record_never_read",
+            subject_type="job",
+            subject_id=row.slurm_job_id,
+            details=details,
+        )
+        records.mark_job_handled(
+            session,
+            slurm_job_id=row.slurm_job_id,
+            actor=DAEMON,
+            outcome="record_never_read",
+            details=details,
+        )
+        awaited_records.forget_awaited(session, [row.slurm_job_id])
 
     def _handle_one(
         self,
@@ -257,6 +407,15 @@ class Watcher:
             self._wedge_seen.pop(job.job_id, None)
             cancelled.append(job.job_id)
         return cancelled
+
+
+def _accounting_shows(job: SlurmJob | None) -> str:
+    """What accounting answered for a job that has left the queue, in a person's words."""
+    if job is None:
+        return "no record yet"
+    if not job.state.is_terminal():
+        return f"a record that still reads {job.state.value}"
+    return "a placeholder record"
 
 
 def root_failure_seen(findings: LogFindings) -> bool:

@@ -162,6 +162,8 @@ class Medic:
     work_dir: Path
     probe: Mapping[str, str]
     poll_interval_s: float = 1.0
+    # How far each poll's window reaches back before the cursor.
+    overlap_s: float = 30
     # How long a run that shows a dead rank may keep running before the daemon cancels it.
     wedge_grace_s: float = 30
     # Only the daemon's environment (a crash test's PATH-prepended wrappers).
@@ -200,7 +202,7 @@ class Medic:
             f'url = "{self.url}"\n'
             "[watcher]\n"
             f"poll_interval_s = {self.poll_interval_s}\n"
-            "overlap_s = 30\n"
+            f"overlap_s = {self.overlap_s:g}\n"
             "initial_lookback_s = 30\n"
             "running_interval_s = 1\n"
             # A crash test's intent is settled after 10 s, not a minute.

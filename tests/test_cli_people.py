@@ -34,7 +34,7 @@ from daemon.evidence.records import (
 )
 from daemon.planner import SkippedRung
 from daemon.slurm.records import JobState, SlurmJob
-from daemon.store import action_rows, control
+from daemon.store import action_rows, awaited, control
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import AuditEvent, LineageStatus, NodeEventKind, Proposal
@@ -345,6 +345,41 @@ def test_status_lists_waiting_proposals_drains_and_the_pause(
     text = _cli(seeded, "status").output
     assert "[red]change the science[/red]" in text
     assert "medic: XID 79" in text
+
+
+def test_status_shows_the_records_in_flight(seeded: Seeded, empty_db_engine: Engine) -> None:
+    """During an accounting outage: the held cursor and why, and each managed job that ended
+    with no record in accounting yet."""
+    with make_session_factory(empty_db_engine)() as session:
+        control.hold_cursor(
+            session,
+            name="finished_jobs",
+            reason="accounting unreachable: slurmdbd: Connection refused",
+            now=NOW,
+            start=NOW - timedelta(minutes=5),
+        )
+        awaited.note_awaited(
+            session,
+            slurm_job_id=4242,
+            lineage_id=seeded.lineage_id,
+            now=NOW,
+            accounting="accounting unreachable",
+        )
+        session.commit()
+    shown = _json(_cli(seeded, "status", "--json"))["records_in_flight"]
+    assert shown["held"] == [
+        {
+            "watcher": "finished_jobs",
+            "polled_until": (NOW - timedelta(minutes=5)).isoformat(),
+            "since": NOW.isoformat(),
+            "reason": "accounting unreachable: slurmdbd: Connection refused",
+        }
+    ]
+    assert [(row["job"], row["looks"]) for row in shown["awaited"]] == [(4242, 1)]
+    text = _cli(seeded, "status").output
+    assert "records in flight: finished_jobs held at" in text
+    assert "ended, record not yet in accounting" in text
+    assert "4242" in text
 
 
 # ---------------------------------------------------------------- decisions

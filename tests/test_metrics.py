@@ -39,7 +39,7 @@ from daemon.metrics.settings import MetricsSettings
 from daemon.process import CommandResult, CommandTimeout
 from daemon.slurm.errors import SlurmUnavailable
 from daemon.slurm.records import JobState, JobWindow
-from daemon.store import action_rows, control
+from daemon.store import action_rows, awaited, control
 from daemon.store import repository as repo
 from daemon.store.engine import make_engine, make_session_factory
 from daemon.store.models import Cursor, LineageStatus, NodeEventKind
@@ -241,6 +241,30 @@ def test_the_record_collector_counts_what_the_record_holds(
         assert name.startswith("slurm_medic_"), name
         assert {key for key, _ in labels} <= ALLOWED_LABELS, (name, labels)
         assert not {label for _, label in labels} & facts.names, (name, labels)
+
+
+def test_records_in_flight_are_two_series(fresh_engine: Engine) -> None:
+    """Nothing held, nothing awaited: no held series, 0 awaited; then one of each."""
+    readers = make_session_factory(fresh_engine, read_only=True)
+    _text, samples = scrape(record_registry(readers))
+    assert value(samples, "slurm_medic_records_awaited") == 0
+    assert not any(name.startswith("slurm_medic_cursor_held") for name, _ in samples)
+    since = datetime(2026, 12, 2, 1, 30, tzinfo=UTC)
+    with make_session_factory(fresh_engine)() as session:
+        lineage = repo.create_lineage(session, name="run", owner="alice", template="t")
+        control.hold_cursor(
+            session, name="finished_jobs", reason="accounting unreachable", now=since, start=since
+        )
+        awaited.note_awaited(
+            session, slurm_job_id=77, lineage_id=lineage.id, now=since, accounting="no record yet"
+        )
+        session.commit()
+    _text, samples = scrape(record_registry(readers))
+    assert value(samples, "slurm_medic_records_awaited") == 1
+    held = value(
+        samples, "slurm_medic_cursor_held_since_timestamp_seconds", watcher="finished_jobs"
+    )
+    assert held == since.timestamp()
 
 
 def test_an_unreadable_record_is_record_up_0_and_still_answers(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ TABLES = {
     "control_flag",
     "notification",
     "web_request",
+    "awaited_record",
 }
 
 
@@ -479,3 +480,27 @@ def test_0005_downgrade_writes_the_events_the_old_code_reads(empty_db_engine: En
         {"token": intents[0].token, "revision": revision_id, "owner": "alice"},
     )
     assert _audit_tokens(empty_db_engine, "lineage_submit") == [intents[1].token]
+
+
+def test_0008_keeps_the_cursors_and_drops_only_what_it_added(empty_db_engine: Engine) -> None:
+    """A cursor of the old code comes through unheld; downgrade keeps it and its position."""
+    schema.upgrade(empty_db_engine, "0007")
+    with empty_db_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO cursor (name, polled_until, updated_at)"
+                " VALUES ('finished_jobs', :at, :at)"
+            ),
+            {"at": "2026-11-30 12:00:00+00:00"},
+        )
+    schema.upgrade(empty_db_engine, "0008")
+    with empty_db_engine.connect() as connection:
+        row = connection.execute(text("SELECT name, held_since, held_reason FROM cursor")).one()
+    assert tuple(row) == ("finished_jobs", None, None)
+    schema.downgrade(empty_db_engine, "0007")
+    assert "awaited_record" not in _tables(empty_db_engine)
+    with empty_db_engine.connect() as connection:
+        names = connection.execute(text("SELECT name FROM cursor")).scalars().all()
+    columns = {column["name"] for column in inspect(empty_db_engine).get_columns("cursor")}
+    assert names == ["finished_jobs"]
+    assert columns == {"name", "polled_until", "updated_at"}

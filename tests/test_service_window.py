@@ -91,6 +91,8 @@ class SlurmSeam:
     ) -> CommandResult:
         call = tuple(argv)
         self.calls.append(call)
+        if call == ("sdiag",):  # slurmctld holds nothing back for slurmdbd
+            return _answer(call, (REAL / "sdiag-idle.txt").read_text())
         if call[:2] == ("scontrol", "--oneliner") and call[-1] == "5":
             return _answer(call, (REAL / "scontrol-show-job-failed.txt").read_text())
         if call[0] == "scontrol":  # slurmctld forgot the others (MinJobAge)
@@ -222,6 +224,7 @@ def test_a_cycle_asks_for_every_jobs_full_record_in_one_batch(fresh_engine: Engi
     seam = SlurmSeam(window=[jobs[5], jobs[7], jobs[14], _broken(jobs[16])])
     assert _cycle(fresh_engine, seam) == ([], 1)
     assert seam.counts() == {
+        "sdiag": 1,
         "sacct --json": 2,
         "sacct --parsable2": 1,
         "scontrol --oneliner show job": 3,

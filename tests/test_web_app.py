@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from daemon.store import control
+from daemon.store import awaited, control
 from daemon.store.engine import make_session_factory
 from daemon.web.overview import incident_chart
 from tests.web_support import (
@@ -105,19 +105,37 @@ def test_healthz_needs_no_identity_and_the_pages_do(web_record: WebRecord) -> No
 def test_api_status_is_the_clis_document_cut_to_what_the_person_may_see(
     web_record: WebRecord,
 ) -> None:
+    alices_lineage = web_record.proposal(web_record.alices_proposal).lineage_id
+    assert alices_lineage is not None
+    with make_session_factory(web_record.engine)() as session:
+        awaited.note_awaited(
+            session,
+            slurm_job_id=990001,
+            lineage_id=alices_lineage,
+            now=datetime.now(UTC),
+            accounting="no record yet",
+        )
+        session.commit()
     with web_record.client() as client:
         mine = client.get("/api/status", headers=web_record.headers(OWNER)).json()
         everything = client.get("/api/status", headers=web_record.headers(ADMIN)).json()
         nothing = client.get("/api/status", headers=web_record.headers(OTHER)).json()
+        page = client.get("/", headers=web_record.headers(OWNER)).text
     assert set(mine) == {
         "paused",
         "pause",
         "dry_run",
         "polls",
+        "records_in_flight",
         "active_lineages",
         "pending_approvals",
         "drains",
     }
+    assert [row["job"] for row in mine["records_in_flight"]["awaited"]] == [990001]
+    assert [row["job"] for row in everything["records_in_flight"]["awaited"]] == [990001]
+    assert nothing["records_in_flight"]["awaited"] == []
+    assert "Ended, record not yet in accounting" in page
+    assert "990001" in page
     assert [row["id"] for row in mine["pending_approvals"]] == [web_record.alices_proposal]
     assert [row["owner"] for row in mine["active_lineages"]] == [OWNER]
     assert {row["id"] for row in everything["pending_approvals"]} == {

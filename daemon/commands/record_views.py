@@ -32,7 +32,7 @@ from daemon.commands.context import CommandContext, Render, record_options
 from daemon.commands.people import Person, invoking_person, may_see
 from daemon.diagnosis import FailureKind
 from daemon.slurm.scontrol import validate_node_name
-from daemon.store import control, node_records, queries
+from daemon.store import awaited, control, node_records, queries
 from daemon.store import repository as repo
 from daemon.store.models import Incident, NodeEvent, Proposal
 
@@ -103,6 +103,12 @@ def visible_status(document: Mapping[str, Any], sees: Sees) -> dict[str, Any]:
         **document,
         "active_lineages": [row for row in document["active_lineages"] if sees(row["owner"])],
         "pending_approvals": [row for row in document["pending_approvals"] if sees(row["owner"])],
+        "records_in_flight": {
+            **document["records_in_flight"],
+            "awaited": [
+                row for row in document["records_in_flight"]["awaited"] if sees(row["owner"])
+            ],
+        },
     }
 
 
@@ -138,6 +144,35 @@ def status_document(session: Session, settings: Settings) -> dict[str, Any]:
             pending_document(session, proposal) for proposal in queries.pending_approvals(session)
         ],
         "drains": [drain_document(event) for event in control.drains_in_force(session)],
+        "records_in_flight": in_flight_document(session),
+    }
+
+
+def in_flight_document(session: Session) -> dict[str, Any]:
+    """What accounting may still be missing: a cursor held at the start of a gap, and the
+    managed jobs that have ended with no final record in accounting yet."""
+    found = awaited.in_flight(session)
+    return {
+        "held": [
+            {
+                "watcher": cursor.name,
+                "polled_until": story.when(cursor.polled_until),
+                "since": story.when(cursor.held_since),
+                "reason": cursor.held_reason,
+            }
+            for cursor in found.held
+        ],
+        "awaited": [
+            {
+                "job": row.slurm_job_id,
+                "lineage": row.lineage_id,
+                "owner": owner,
+                "left_queue_at": story.when(row.left_queue_at),
+                "looks": row.looks,
+                "accounting": row.accounting,
+            }
+            for row, owner in found.awaited
+        ],
     }
 
 
@@ -191,8 +226,36 @@ def _print_status(console: Console, document: dict[str, Any]) -> None:
             ),
         )
     )
+    _print_in_flight(console, document["records_in_flight"])
     _print_pending(console, document["pending_approvals"])
     print_drains(console, document["drains"])
+
+
+def _print_in_flight(console: Console, in_flight: dict[str, Any]) -> None:
+    for held in in_flight["held"]:
+        console.print(
+            f"records in flight: {held['watcher']} held at {held['polled_until']} since"
+            f" {held['since']}: {held['reason']}",
+            markup=False,
+        )
+    if in_flight["awaited"]:
+        console.print(
+            story.table(
+                "ended, record not yet in accounting",
+                ("job", "lineage", "owner", "left the queue", "looks", "accounting shows"),
+                (
+                    (
+                        row["job"],
+                        row["lineage"],
+                        row["owner"],
+                        row["left_queue_at"],
+                        row["looks"],
+                        row["accounting"],
+                    )
+                    for row in in_flight["awaited"]
+                ),
+            )
+        )
 
 
 def _print_pending(console: Console, pending: list[dict[str, Any]]) -> None:

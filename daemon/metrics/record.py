@@ -37,6 +37,7 @@ from daemon.store.models import (
     Action,
     ActionKind,
     ActionResult,
+    AwaitedRecord,
     Cursor,
     Incident,
     Job,
@@ -325,6 +326,23 @@ def _polls(session: Session) -> Iterator[Metric]:
         if watcher in seen:
             family.add_metric([watcher], seen[watcher].timestamp())
     yield family
+    held = session.execute(
+        select(Cursor.name, Cursor.held_since).where(Cursor.held_since.is_not(None))
+    )
+    held_family = GaugeMetricFamily(
+        "slurm_medic_cursor_held_since_timestamp_seconds",
+        "Since when a watcher's cursor has been held at the start of an accounting gap"
+        " (slurmdbd unreachable, or slurmctld still holding records for it), Unix time.",
+        labels=["watcher"],
+    )
+    for name, since in held:
+        held_family.add_metric([name], _utc(since).timestamp())
+    yield held_family
+    yield _gauge(
+        "slurm_medic_records_awaited",
+        "Managed jobs that have left slurmctld's queue with no final record in accounting yet.",
+        session.scalar(select(func.count()).select_from(AwaitedRecord)) or 0,
+    )
 
 
 def _utc(moment: datetime) -> datetime:

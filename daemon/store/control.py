@@ -75,6 +75,32 @@ def set_cursor(session: Session, *, name: str, polled_until: datetime) -> None:
     session.flush()
 
 
+def advance_cursor(session: Session, *, name: str, polled_until: datetime) -> None:
+    """Move the cursor and end any hold: accounting had every record up to `polled_until`."""
+    set_cursor(session, name=name, polled_until=polled_until)
+    cursor = session.get(Cursor, name)
+    if cursor is not None and cursor.held_since is not None:
+        cursor.held_since = None
+        cursor.held_reason = None
+        session.flush()
+
+
+def hold_cursor(
+    session: Session, *, name: str, reason: str, now: datetime, start: datetime
+) -> Cursor:
+    """Keep the cursor where it is (at `start` when there is none yet) and say why: records
+    ended in the gap may still reach accounting, and the next window must reach back to them."""
+    cursor = session.get(Cursor, name)
+    if cursor is None:
+        cursor = Cursor(name=name, polled_until=start)
+        session.add(cursor)
+    if cursor.held_since is None:
+        cursor.held_since = now
+    cursor.held_reason = reason[:500]
+    session.flush()
+    return cursor
+
+
 def set_paused(session: Session, *, paused: bool, actor: Actor, reason: str) -> ControlFlag:
     """Flip the global pause (the daemon proposes, never acts, while it is on); audited."""
     flag = session.get(ControlFlag, PAUSE_FLAG)

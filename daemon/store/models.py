@@ -423,6 +423,26 @@ class Cursor(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     polled_until: Mapped[datetime] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utc_now, onupdate=utc_now)
+    # Set while the cursor is held at the start of an accounting gap (slurmdbd unreachable,
+    # records still queued in slurmctld): since when, and the latest reason.
+    held_since: Mapped[datetime | None] = mapped_column()
+    held_reason: Mapped[str | None] = mapped_column(NulSafeText)
+
+
+class AwaitedRecord(Base):
+    """A lineage job that has left slurmctld's queue while accounting has no final record of
+    it: looked up by its id each poll until accounting says how it ended, so no managed
+    failure falls between two windows however long an outage lasts."""
+
+    __tablename__ = "awaited_record"
+
+    slurm_job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    lineage_id: Mapped[int] = mapped_column(ForeignKey("lineage.id"))
+    left_queue_at: Mapped[datetime] = mapped_column()
+    looked_at: Mapped[datetime] = mapped_column()
+    looks: Mapped[int] = mapped_column(Integer)
+    # What accounting showed at the last look: unreachable, no record, still running...
+    accounting: Mapped[str] = mapped_column(NulSafeText)
 
 
 class ControlFlag(Base):

@@ -118,9 +118,17 @@ def lineage_job_ids(session: Session, *, active_only: bool = True) -> dict[int, 
 
 def handled_job_ids(session: Session, *, slurm_job_ids: Iterable[int]) -> set[int]:
     """Which of these jobs were already handled (so a poll window's overlap repeats nothing)."""
+    return _jobs_with(session, slurm_job_ids, VERB_HANDLED)
+
+
+def rejected_job_ids(session: Session, *, slurm_job_ids: Iterable[int]) -> set[int]:
+    """Which of these jobs have a record accounting holds but no parser could read (on the
+    record once, with its text, and skipped)."""
+    return _jobs_with(session, slurm_job_ids, VERB_REJECTED)
+
+
+def _jobs_with(session: Session, slurm_job_ids: Iterable[int], verb: str) -> set[int]:
     wanted = [str(job_id) for job_id in slurm_job_ids]
-    if not wanted:
-        return set()
     found: set[int] = set()
     for start in range(0, len(wanted), 500):
         chunk = wanted[start : start + 500]
@@ -130,9 +138,10 @@ def handled_job_ids(session: Session, *, slurm_job_ids: Iterable[int]) -> set[in
                 select(AuditEvent.subject_id).where(
                     AuditEvent.subject_type == "job",
                     AuditEvent.subject_id.in_(chunk),
-                    AuditEvent.verb == VERB_HANDLED,
+                    AuditEvent.verb == verb,
                 )
             )
+            if subject.isdigit()
         )
     return found
 

@@ -141,6 +141,14 @@ def visible_status(request: Request, document: Mapping[str, Any]) -> dict[str, A
         "pending_approvals": [
             row for row in document["pending_approvals"] if may_see(request, row["owner"])
         ],
+        "records_in_flight": {
+            **document["records_in_flight"],
+            "awaited": [
+                row
+                for row in document["records_in_flight"]["awaited"]
+                if may_see(request, row["owner"])
+            ],
+        },
     }
 
 
