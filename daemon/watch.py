@@ -36,7 +36,7 @@ from daemon.evidence.records import LogFindings
 from daemon.gather import JobFiles, read_log_findings
 from daemon.pipeline import DAEMON, PipelineDeps, handle_ended_job, incomplete_record_expired
 from daemon.slurm.backend import SlurmBackend
-from daemon.slurm.errors import SlurmError
+from daemon.slurm.errors import SlurmError, SlurmUnavailable
 from daemon.slurm.records import SlurmJob
 from daemon.store import awaited as awaited_records
 from daemon.store import control
@@ -110,7 +110,7 @@ class Watcher:
         try:
             window = self.backend.finished_window(since, now, states=watcher.states)
         except SlurmError as error:
-            reason = f"accounting unreachable: {error}"
+            reason = f"accounting unreachable: {_said(error)}"
             control.hold_cursor(session, name=CURSOR, reason=reason, now=now, start=start)
             session.commit()
             self._await_ended(session, report, deps=deps, now=now, tried=set())
@@ -170,7 +170,7 @@ class Watcher:
         try:
             queued = self.backend.accounting_backlog()
         except SlurmError as error:
-            return f"slurmctld's queue for slurmdbd cannot be read: {error}"
+            return f"slurmctld's queue for slurmdbd cannot be read: {_said(error)}"
         if queued:
             return f"slurmctld holds {queued} message(s) for slurmdbd (sdiag's DBD Agent queue)"
         return None
@@ -215,7 +215,7 @@ class Watcher:
             found = {job.job_id: job for job in self.backend.jobs(ended)}
             unreachable = None
         except SlurmError as error:
-            found, unreachable = {}, f"accounting unreachable: {error}"
+            found, unreachable = {}, f"accounting unreachable: {_said(error)}"
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         for job_id in ended:
             if self.stopping.is_set():
@@ -407,6 +407,11 @@ class Watcher:
             self._wedge_seen.pop(job.job_id, None)
             cancelled.append(job.job_id)
         return cancelled
+
+
+def _said(error: SlurmError) -> str:
+    """What Slurm last said, without the argv (a window's times change at every poll)."""
+    return error.last_error if isinstance(error, SlurmUnavailable) else str(error)
 
 
 def _accounting_shows(job: SlurmJob | None) -> str:

@@ -15,6 +15,7 @@ RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 PROMTOOL = "/usr/bin/promtool"
 ALERTS = (
     "SlurmMedicPollStale",
+    "SlurmMedicRecordsAwaited",
     "SlurmMedicApprovalWaiting",
     "SlurmMedicDrainsNearBreaker",
     "SlurmMedicNoLeader",

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from daemon.store.models import ControlFlag, Cursor, NodeEvent, NodeEventKind, utc_now
 from daemon.store.repository import Actor, append_audit
@@ -94,9 +95,17 @@ def hold_cursor(
     if cursor is None:
         cursor = Cursor(name=name, polled_until=start)
         session.add(cursor)
+        last_moved = None
+    else:
+        last_moved = cursor.updated_at
     if cursor.held_since is None:
         cursor.held_since = now
     cursor.held_reason = reason[:500]
+    if last_moved is not None:
+        # `updated_at` says when the cursor last moved (the stale-poll alert reads it): a
+        # hold moves nothing.
+        cursor.updated_at = last_moved
+        flag_modified(cursor, "updated_at")
     session.flush()
     return cursor
 
