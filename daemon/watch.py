@@ -113,7 +113,8 @@ class Watcher:
             reason = f"accounting unreachable: {_said(error)}"
             control.hold_cursor(session, name=CURSOR, reason=reason, now=now, start=start)
             session.commit()
-            self._await_ended(session, report, deps=deps, now=now, tried=set())
+            # The managed jobs that ended are still told apart, without asking sacct again.
+            self._await_ended(session, report, deps=deps, now=now, tried=set(), down=reason)
             raise
         jobs = window.jobs
         report.polled = len(jobs)
@@ -183,11 +184,12 @@ class Watcher:
         deps: PipelineDeps,
         now: datetime,
         tried: set[int],
+        down: str | None = None,
     ) -> None:
         """Look up by id each job of an active lineage that has left slurmctld's queue and is
         not handled yet (nor `tried` by this poll's window); handle it once accounting has its
-        final record, and say meanwhile what accounting showed. Given up on, on the record,
-        after `ended_record_wait_s`."""
+        final record, and say meanwhile what accounting showed (`down`: why it was not asked).
+        Given up on, on the record, after `ended_record_wait_s`."""
         watcher = self.settings.watcher
         unhandled = awaited_records.unhandled_lineage_jobs(session)
         known = awaited_records.awaited(session)
@@ -211,11 +213,13 @@ class Watcher:
         session.commit()
         if not ended:
             return
-        try:
-            found = {job.job_id: job for job in self.backend.jobs(ended)}
-            unreachable = None
-        except SlurmError as error:
-            found, unreachable = {}, f"accounting unreachable: {_said(error)}"
+        found: dict[int, SlurmJob] = {}
+        unreachable = down
+        if down is None:
+            try:
+                found = {job.job_id: job for job in self.backend.jobs(ended)}
+            except SlurmError as error:
+                unreachable = f"accounting unreachable: {_said(error)}"
         wait = timedelta(seconds=watcher.incomplete_record_wait_s)
         for job_id in ended:
             if self.stopping.is_set():

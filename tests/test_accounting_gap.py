@@ -55,6 +55,7 @@ class Accounting(FakeSlurm):
     slurmdbd_up: bool = True
     slurmctld_up: bool = True
     windows: list[tuple[datetime, datetime]] = field(default_factory=list)
+    looked_up: list[int] = field(default_factory=list)  # sacct --jobs, by id
 
     def finished_window(
         self, since: datetime, until: datetime, states: Iterable[JobState] = ()
@@ -75,6 +76,7 @@ class Accounting(FakeSlurm):
         )
 
     def job(self, job_id: int | str) -> SlurmJob:
+        self.looked_up.append(int(job_id))
         if not self.slurmdbd_up:
             raise down("sacct")
         for job in self.delivered:
@@ -265,6 +267,7 @@ def test_a_lineage_job_that_left_the_queue_is_looked_up_by_id_until_accounting_h
     [held] = in_flight["held"]
     assert held["watcher"] == CURSOR
     assert "accounting unreachable" in held["reason"]
+    assert slurm.looked_up == []  # the window's sacct failed: not asked again by id
     slurm.slurmdbd_up = True
     clock.now += timedelta(seconds=10)
     medic.cycle()
