@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from daemon.commands import record_views
 from daemon.commands.people import Person, authority
 from daemon.commands.record_views import status_document
 from daemon.config import Settings
@@ -132,24 +134,9 @@ def _utc(moment: datetime) -> datetime:
 
 
 def visible_status(request: Request, document: Mapping[str, Any]) -> dict[str, Any]:
-    """`status_document` cut to the runs and approvals the person may see."""
-    return {
-        **document,
-        "active_lineages": [
-            row for row in document["active_lineages"] if may_see(request, row["owner"])
-        ],
-        "pending_approvals": [
-            row for row in document["pending_approvals"] if may_see(request, row["owner"])
-        ],
-        "records_in_flight": {
-            **document["records_in_flight"],
-            "awaited": [
-                row
-                for row in document["records_in_flight"]["awaited"]
-                if may_see(request, row["owner"])
-            ],
-        },
-    }
+    """`status_document` cut to the runs and approvals the person may see (the CLI's cut,
+    with the web's rule of who sees what)."""
+    return record_views.visible_status(document, partial(may_see, request))
 
 
 def _occurrences(
